@@ -25,6 +25,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 SEED = 11
+#: The default run's seed and kinds: every kind that starts no Spark application of its own (the
+#: operator tools that do, gc, repair, upgrade-state and promote, have their own tests beside a
+#: live pipeline, test_handover_shared and test_promote_live, and run in the slow ten-minute run).
+RUN_SEED = 51
+RUN_KINDS = ("driver-kill", "driver-pause", "session-expiry", "worker-kill", "zk-kill", "zk-leader-kill",
+             "disk-full", "rebalance", "status")
 
 
 # --- the schedule ----------------------------------------------------------------------------
@@ -255,20 +261,23 @@ def _plant_duplicate(store: Path) -> dict[str, Any]:
 @pytest.mark.zk
 @pytest.mark.timeout(1500)
 def test_a_chaos_run_finds_no_violation_and_a_planted_duplicate_is_caught(tmp_path: Path) -> None:
-    """``deltawheel chaos --seed 11 --seconds 30``: the seed printed first, the faults of the
-    seed's schedule happen, the table ends with zero violations and the exit code is 0. Then a
-    record planted twice into the run's ``balances`` makes ``--recheck`` name it and exit 1."""
+    """``deltawheel chaos --seed 51 --seconds 60 --kinds ...``: the seed printed first, the faults
+    of the seed's schedule happen (driver kills, a zombie, an expired session, a Python worker
+    killed, a ZooKeeper follower and the leader killed, the store's disk full, a rebalance), the
+    table ends with zero violations and the exit code is 0. Then a record planted twice into the
+    run's ``balances`` makes ``--recheck`` name it and exit 1."""
     data = tmp_path / "chaos"
-    proc = _chaos(data, "--seed", str(SEED), "--seconds", "30", timeout_s=1400)
+    proc = _chaos(data, "--seed", str(RUN_SEED), "--seconds", "60", "--kinds", ",".join(RUN_KINDS), timeout_s=1400)
     out = proc.stdout.splitlines()
-    assert out and out[0].startswith(f"chaos seed {SEED} "), _explain(proc, data)
+    assert out and out[0].startswith(f"chaos seed {RUN_SEED} "), _explain(proc, data)
     assert proc.returncode == 0 and out[-1] == "violations: 0", _explain(proc, data)
     saved = json.loads((data / "faults.json").read_text())
     # the seed's schedule: each planned fault happened, or was skipped when its target's previous
     # fault (a tool) outlasted the phase
     # (with the kinds the run drew from: disk-full only where it could mount the store's tmpfs)
     assert sorted(f["kind"] for f in saved["faults"] + saved["skipped"]) == \
-        sorted(f.kind for f in plan(SEED, 30, kinds=saved["kinds"]))
+        sorted(f.kind for f in plan(RUN_SEED, 60, kinds=saved["kinds"]))
+    assert set(saved["kinds"]) <= set(RUN_KINDS)
     assert saved["faults"] and saved["drained"]
     planted = tmp_path / "planted"
     shutil.copytree(data, planted)
@@ -280,7 +289,7 @@ def test_a_chaos_run_finds_no_violation_and_a_planted_duplicate_is_caught(tmp_pa
         again.stdout
 
 
-@pytest.mark.slow  # the default test_a_chaos_run_finds_no_violation_and_a_planted_duplicate_is_caught runs 30 s
+@pytest.mark.slow  # the default test_a_chaos_run_finds_no_violation_and_a_planted_duplicate_is_caught runs 60 s
 @pytest.mark.spark
 @pytest.mark.zk
 @pytest.mark.timeout(3600)
@@ -289,3 +298,10 @@ def test_ten_minutes_of_chaos_find_no_violation(tmp_path: Path) -> None:
     proc = _chaos(data, "--seed", "20261127", "--seconds", "600", timeout_s=3500)
     print(proc.stdout)
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "violations: 0", _explain(proc, data)
+
+
+def test_an_unknown_fault_kind_is_refused_naming_the_kinds_and_starts_nothing(tmp_path: Path) -> None:
+    proc = _chaos(tmp_path / "chaos", "--seconds", "5", "--kinds", "driver-kill,meteor", timeout_s=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert "no fault kind meteor; the kinds: " in proc.stderr and "zk-leader-kill" in proc.stderr, proc.stderr
+    assert not (tmp_path / "chaos").exists()

@@ -60,6 +60,7 @@ class ChaosSettings:
     master: str = "local[1]"
     trigger: str = "1 second"
     store_tmpfs_mb: int = 128  # the store's tmpfs for ``disk-full`` (0: none, the kind left out)
+    kinds: tuple[str, ...] = ()  # the kinds the schedule draws from (empty: every kind of :data:`KINDS`)
 
 
 @dataclass
@@ -172,6 +173,8 @@ class _Harness:
                                   "folder (a chaos run's own folder is reused)")
             shutil.rmtree(self.data)
         self.logs.mkdir(parents=True)
+        if self.s.kinds:
+            self.run.kinds = sorted(self.s.kinds)
         (self.data / MARKER).write_text(json.dumps({**asdict(self.s), "data": str(self.s.data)}, indent=2) + "\n")
         reason = self.disk.mount()
         if reason is not None:
@@ -441,7 +444,11 @@ def run_chaos(settings: ChaosSettings, *, say: Callable[[str], None] = print) ->
     """One chaos run and its check (``run.result``); every process it started is stopped on the way out.
 
     Raises:
-        ConfigError: ``settings.data`` holds something else, or the drivers never committed."""
+        ConfigError: ``settings.kinds`` names an unknown kind, ``settings.data`` holds something
+            else, or the drivers never committed."""
+    unknown = sorted(set(settings.kinds) - set(KINDS))
+    if unknown:
+        raise ConfigError(f"chaos: no fault kind {', '.join(unknown)}; the kinds: {', '.join(sorted(KINDS))}")
     h = _Harness(settings, say)
     try:
         run = h.execute()

@@ -27,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--store-tmpfs-mb", type=int, default=128,
                    help="size of the tmpfs mounted over the store for the disk-full faults (root only; default 128; "
                         "0: no tmpfs, no disk-full fault)")
+    p.add_argument("--kinds", default="",
+                   help="comma-separated fault kinds the schedule draws from (default: every kind; the kinds are "
+                        "listed in docs/reliability.md)")
     p.add_argument("--recheck", action="store_true", help="check the finished run in --data again, run nothing")
     p.set_defaults(func=_chaos)
 
@@ -46,7 +49,8 @@ def _chaos(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
     print(f"chaos seed {seed} (replay: deltawheel chaos --seed {seed} --seconds {args.seconds:g})", flush=True)
     settings = ChaosSettings(seed=seed, seconds=args.seconds, data=data, mean_gap_s=args.mean_gap,
-                             bound_s=args.bound, store_tmpfs_mb=args.store_tmpfs_mb)
+                             bound_s=args.bound, store_tmpfs_mb=args.store_tmpfs_mb,
+                             kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))
     run = run_chaos(settings, say=lambda line: print(line, flush=True))
     assert run.result is not None
     print(table(seed, run.result, tools=run.tools, exits=[(e.driver, e.code, e.error) for e in run.exits],

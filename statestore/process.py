@@ -21,7 +21,7 @@ import psutil
 
 from .exceptions import DeltaWheelError, ZooKeeperServerError
 
-__all__ = ["DIE_WITH_ENV", "DetachedProcess", "find_java", "free_ports", "port_free"]
+__all__ = ["DIE_WITH_ENV", "DetachedProcess", "die_with", "find_java", "free_ports", "port_free"]
 
 DIE_WITH_ENV = "DELTAWHEEL_SERVERS_DIE_WITH"
 
@@ -157,7 +157,7 @@ class DetachedProcess:
         self.pid_file.write_text(f"{self._proc.pid}\n")
         watched = os.environ.get(DIE_WITH_ENV, "").strip()
         if watched.isdigit():
-            _watch(int(watched), self._proc.pid)
+            die_with(int(watched), self._proc.pid)
         return self._proc.pid
 
     def wait_ready(self, pid: int, ready: Callable[[], bool], timeout_s: float) -> str | None:
@@ -227,8 +227,8 @@ class DetachedProcess:
             time.sleep(0.05)
 
 
-def _watch(watched: int, group: int) -> None:
-    """Start the watchdog that stops service group ``group`` once process ``watched`` is gone."""
+def die_with(watched: int, group: int) -> None:
+    """Start the watchdog that stops process group ``group`` once process ``watched`` is gone."""
     subprocess.Popen(
         [sys.executable, "-c", _WATCHDOG, str(watched), str(group)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -305,3 +305,44 @@ def test_an_unknown_fault_kind_is_refused_naming_the_kinds_and_starts_nothing(tm
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     assert "no fault kind meteor; the kinds: " in proc.stderr and "zk-leader-kill" in proc.stderr, proc.stderr
     assert not (tmp_path / "chaos").exists()
+
+
+@pytest.mark.zk
+def test_a_chaos_run_killed_by_sigkill_leaves_no_process_behind(tmp_path: Path) -> None:
+    """A test's timeout SIGKILLs ``deltawheel chaos``: its drivers (each in a session of its own),
+    the ensemble's servers and their children stop with it instead of loading the machine."""
+    import signal
+    import time
+
+    import psutil
+
+    data = tmp_path / "chaos"
+
+    def left() -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if any(str(data) in a for a in p.info["cmdline"] or ()):
+                    found.append(p)
+            except psutil.Error:
+                continue
+        return found
+
+    proc = subprocess.Popen([sys.executable, "-m", "deltawheel.executor.cli", "chaos", "--data", str(data),
+                             "--seconds", "600", "--kinds", "status", "--store-tmpfs-mb", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while sum("run" in (p.info["cmdline"] or ()) for p in left()) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "the drivers did not start"
+            time.sleep(0.5)
+        assert any("org.apache.zookeeper.server.quorum.QuorumPeerMain" in " ".join(p.info["cmdline"] or ())
+                   or "zookeeper" in " ".join(p.info["cmdline"] or ()).lower() for p in left())
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 45  # a watchdog's SIGTERM, 10 s, then SIGKILL; without, the drivers ran on
+    while (alive := [p for p in left() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]) \
+            and time.monotonic() < deadline:
+        time.sleep(1.0)
+    assert alive == [], [" ".join(p.info["cmdline"])[:200] for p in alive]

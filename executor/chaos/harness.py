@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.process import DIE_WITH_ENV, die_with
 
 from ..servers.ensemble import ZooKeeperEnsemble
 from .bank import INPUT_ENV, closing_moves, moves, write_moves
@@ -96,6 +97,7 @@ class _Driver:
             out.flush()
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                          start_new_session=True)
+        die_with(os.getpid(), self.proc.pid)  # a harness killed (a test's timeout) takes its drivers along
         self.starts += 1
 
     def signal(self, sig: int) -> None:
@@ -219,6 +221,7 @@ class _Harness:
                 return -1
             proc = subprocess.Popen(self.cli(*args), stdout=out, stderr=subprocess.STDOUT, env=self.env(),
                                     start_new_session=True)
+            die_with(os.getpid(), proc.pid)
             self.tool_procs.append(proc)
         try:
             rc = proc.wait(timeout=self.s.tool_timeout_s)
@@ -450,11 +453,17 @@ def run_chaos(settings: ChaosSettings, *, say: Callable[[str], None] = print) ->
     if unknown:
         raise ConfigError(f"chaos: no fault kind {', '.join(unknown)}; the kinds: {', '.join(sorted(KINDS))}")
     h = _Harness(settings, say)
+    before = os.environ.get(DIE_WITH_ENV)
+    os.environ[DIE_WITH_ENV] = str(os.getpid())  # the ensemble's servers die with this process too
     try:
         run = h.execute()
     finally:
         h.stop()
         h.stop_input.set()
+        if before is None:
+            os.environ.pop(DIE_WITH_ENV, None)
+        else:
+            os.environ[DIE_WITH_ENV] = before
     run.faults.sort(key=lambda f: f.start)
     _save(run)
     run.result = check_run(h.store, h.input, run.faults, bound_s=settings.bound_s,

@@ -33,6 +33,7 @@ from ..tasks.image.direct import table_source
 from .handover import HandoverWatch, hand_over
 from .inputs import event_bounds, stage_input
 from .pipeline import Pipeline, RunSummary, StopReport
+from .pools import in_pool, scheduler_mode, warn_unless_fair
 from .querystart import await_commit_log, clear_unstarted, delta_end_version, pending_batch
 from .sharing import Sharing
 from .triggers import Trigger
@@ -141,6 +142,7 @@ class ContinuousRun:
             for comp in self.pipeline.ordered():  # any stage may read an upstream's watermark before it started
                 self.wiring.authority.declare(comp.name, upstream=self.pipeline.upstream(comp),
                                               num_intervals=type(comp).num_intervals)
+            warn_unless_fair(scheduler_mode(self.spark), len(self._comps), self._log)
             for comp in self._comps:
                 for s in comp.inputs:
                     if s not in {i.name for i in self.pipeline.injectors}:
@@ -387,9 +389,10 @@ class ContinuousRun:
                 stage.lock.release()
 
         clear_unstarted(chk)  # a first write a stop cut short would block every start
-        writer = (inp.df.writeStream.foreachBatch(batch).option("checkpointLocation", chk)
-                  .queryName(f"dw_{p.name}_{comp.name}" + (f"_{self.instance}" if self.instance else "")))
-        stage.query = stage.trigger.apply(writer).start()
+        name = f"dw_{p.name}_{comp.name}" + (f"_{self.instance}" if self.instance else "")
+        writer = inp.df.writeStream.foreachBatch(batch).option("checkpointLocation", chk).queryName(name)
+        with in_pool(self.spark, name):  # its micro-batches' jobs: a FAIR pool of its own (pools.py)
+            stage.query = stage.trigger.apply(writer).start()
 
     def _direct_source(self, comp: Computation) -> Any | None:
         """For one input read by its key column: the injector's ``direct_source()``, or the stream table's."""
@@ -437,7 +440,8 @@ class ContinuousRun:
                         stage.ex, _ = self._sharing.rebalance(stage.comp, stage.checkpoint, stage.ex,
                                                               caps=caps, hold=_hold(caps))
                     if not self._stopping.is_set() and stage.ex is not None:
-                        self._tick(stage)
+                        with in_pool(self.spark, stage.query.name):  # the jobs of due timers: the stage's pool
+                            self._tick(stage)
                 except DeltaWheelError as exc:
                     stage.failed.append(exc)
                     self._log(f"{stage.comp.name}: {type(exc).__name__}: {exc}")

@@ -124,6 +124,8 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         .config("spark.sql.sources.parallelPartitionDiscovery.parallelism",
                 str(max(8, settings.shuffle_partitions)))
         .config("spark.sql.session.timeZone", "UTC")
+        # live queries of one application share the cores: each in its pool (executor/drivers/pools.py)
+        .config("spark.scheduler.mode", "FAIR")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
         # streaming checkpoint files through Hadoop's FileSystem API, faster than FileContext
         # (docs/performance.md); exactly-once does not rest on their atomicity (docs/fencing.md)

@@ -20,6 +20,10 @@ raw: the start time, as epoch seconds).
       one append that dies (JVM halt) right after its log entry was created in ZooKeeper,
       before N.json was written (INLINE_MAX: the log store's inline limit in bytes; 0 puts
       the commit's bytes in a temporary file).
+  serve
+      one session for several modes in turn: each line on stdin is a JSON list [MODE, ARGS...],
+      answered by READY (once the session is up), then the mode runs as above (its start line,
+      then its output); ends when stdin closes (tests share its start-up this way).
 """
 
 from __future__ import annotations
@@ -100,9 +104,8 @@ def crash(spark, table: str, writer: str, inline_max: str | None = None) -> None
     print("NOT REACHED", flush=True)
 
 
-def main() -> None:
-    mode, args = sys.argv[1], sys.argv[2:]
-    spark = build_spark(SparkSettings(app_name=f"s3-log-writer-{mode}", object_store=True))
+def run(spark, mode: str, args: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """READY, then ``mode`` once its start line came."""
     print("READY", flush=True)
     go = sys.stdin.readline().strip()
     if mode == "raw":
@@ -113,6 +116,19 @@ def main() -> None:
         appends(spark, args[0], args[1], int(args[2]))
     elif mode == "crash":
         crash(spark, args[0], args[1], *args[2:3])
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+def main() -> None:
+    mode, args = sys.argv[1], sys.argv[2:]
+    spark = build_spark(SparkSettings(app_name=f"s3-log-writer-{mode}", object_store=True))
+    if mode == "serve":
+        for line in sys.stdin:
+            command = json.loads(line)
+            run(spark, command[0], [str(a) for a in command[1:]])
+    else:
+        run(spark, mode, args)
     spark.stop()
 
 

@@ -10,18 +10,32 @@ pytestmark = pytest.mark.spark
 
 
 def test_gc_dry_run_then_apply(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    """Stream records and rows of the per-batch metrics table (it grows by a row per batch) older
+    than their retentions: the dry run counts them and changes nothing, the run applied deletes them
+    and compacts every table."""
+    from deltawheel.executor.protocol.metrics import BatchMetrics, batch_row, read_batches
+    from deltawheel.executor.protocol.reports import BatchReport
+
     path = ensure_stream_table(spark, migrated_store, "clicks")
     ddl = stream_schema_ddl().replace(" NOT NULL", "")
     for i in range(3):  # three appends: three files
         spark.createDataFrame([(f"r{i}", "k", b"1", "json", 1000 * i, None, "p", "c", 1)], ddl) \
             .write.format("delta").mode("append").save(path)
-    plan = run_gc(spark, migrated_store, now_ms=10_000, stream_retention_ms=8_500)
+    # the metrics rows of batches 0, 1 and 2 as the executor writes them, recorded at 0.5, 1 and 3 s
+    assert BatchMetrics(spark, migrated_store).append(*(
+        batch_row(BatchReport.empty(b, input_watermark_ms=None, low_watermark_ms=None, wall_s=0.1), pipeline="p",
+                  computation="c", instance=None, write_path="image", started_ms=0, recorded_ms=ms)
+        for b, ms in enumerate((500, 1_000, 3_000))))
+    retention = {"stream_retention_ms": 8_500, "metrics_retention_ms": 8_500}  # both cut at 1.5 s
+    plan = run_gc(spark, migrated_store, now_ms=10_000, **retention)
     assert not plan.applied
     assert [a.count for a in plan.actions if a.pass_name == "stream_retention"] == [2]
+    assert [a.count for a in plan.actions if a.pass_name == "metrics_retention"] == [2]
     assert spark.read.format("delta").load(path).count() == 3  # dry run changed nothing
+    assert [r["batch_id"] for r in read_batches(migrated_store)] == [0, 1, 2]
     steps: list[tuple[str, int]] = []
-    done = run_gc(spark, migrated_store, now_ms=10_000, stream_retention_ms=8_500, apply=True,
-                  progress=lambda what, total: steps.append((what, total)))
+    done = run_gc(spark, migrated_store, now_ms=10_000, apply=True,
+                  progress=lambda what, total: steps.append((what, total)), **retention)
     assert any("[done] stream_retention" in line and "2 records" in line for line in done.lines())
     # the cutoff (now 10,000 ms - 8,500 ms) as a time a person reads, with the milliseconds the table holds
     assert any("2 records with timestamp before 1970-01-01 00:00:01 UTC (1500 ms)" in line for line in done.lines())
@@ -31,6 +45,8 @@ def test_gc_dry_run_then_apply(spark, migrated_store) -> None:  # type: ignore[n
     assert sorted(r["record_id"] for r in spark.read.format("delta").load(path).collect()) == ["r2"]
     detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
     assert detail["numFiles"] == 1  # compacted
+    assert [r["batch_id"] for r in read_batches(migrated_store)] == [2]
+    assert any(a.table == "_metrics/batches" for a in done.actions if a.pass_name == "compact")
 
 
 def _vacuum_line(report, table: str) -> str:  # type: ignore[no-untyped-def]
@@ -148,15 +164,18 @@ def test_gc_apply_on_idle_store_keeps_live_state(spark, zk_server, tmp_path, wri
 
 
 @pytest.mark.parametrize("old_quoting", [False, pytest.param(True, marks=pytest.mark.slow)])  # True: slow suite (time)
-def test_vacuum_keeps_files_the_image_path_wrote(spark, migrated_store, old_quoting) -> None:  # type: ignore[no-untyped-def]
+def test_vacuum_keeps_files_the_image_path_wrote(spark, migrated_store, old_quoting, capsys) -> None:  # type: ignore[no-untyped-def]
     """A rows file committed as the image path commits it sits beside a file Delta wrote for the
-    same computation, under the same path form; 8 days old and vacuumed with retention 0 (forced),
-    both are still read back by Spark and by delta-rs. With the URL-quoted path of older versions
-    (``computation%3Dc``), gc re-records it first (without that, VACUUM deleted it)."""
+    same computation, under the same path form; 8 days old and vacuumed with retention 0 (forced:
+    ``deltawheel gc --apply --vacuum-retain-hours 0 --force``), both are still read back by Spark and
+    by delta-rs. With the URL-quoted path of older versions (``computation%3Dc``), gc re-records it
+    first (without that, VACUUM deleted it)."""
     import json
+    import re
     from urllib.parse import quote
 
     import pyarrow as pa
+    from deltawheel.executor.cli import main
     from deltawheel.statestore.delta.storefs import TableFiles
     from deltawheel.statestore.delta.txn import TableLog, new_add, partition_file_name, write_file
     from deltawheel.statestore.rowtable.frames import arrow_schema
@@ -179,8 +198,12 @@ def test_vacuum_keeps_files_the_image_path_wrote(spark, migrated_store, old_quot
         ["computation%3Dc/interval%3D1", "computation=c/interval=0"] if old_quoting
         else ["computation=c/interval=0", "computation=c/interval=1"])
     _age_files(migrated_store.root, EIGHT_DAYS_S)
-    report = run_gc(spark, migrated_store, now_ms=0, apply=True, vacuum_retain_hours=0, force=True)
-    assert [a.count for a in report.actions if a.pass_name == "paths"] == ([1] if old_quoting else [])
+    # as a user runs it, the store's own ZooKeeper started for the ZooKeeper passes
+    assert main(["gc", "--store", migrated_store.root, "--apply", "--vacuum-retain-hours", "0", "--force"]) == 0
+    out = capsys.readouterr().out
+    assert "vacuumed files older than 0 h" in out, out
+    assert re.findall(r"\[done\] paths +rows: (\d+) live files recorded under URL-quoted paths", out) == (
+        ["1"] if old_quoting else []), out
     want = [("c", 0, "by_delta", b"1", 0), ("c", 1, "by_image", b"2", 0)]
     got = sorted((r["computation"], r["interval"], r["key"], bytes(r["state"]), r["sequencer"])
                  for r in spark.read.format("delta").load(rows).collect())
@@ -205,39 +228,14 @@ def test_gc_refuses_a_retention_below_deltas_minimum(spark, migrated_store, caps
         run_gc(spark, migrated_store, now_ms=0, apply=True, vacuum_retain_hours=-1, force=True)
     assert main(["gc", "--store", migrated_store.root, "--apply", "--vacuum-retain-hours", "24"]) == 3
     assert "VacuumRetentionError" in capsys.readouterr().err
-    assert main(["gc", "--store", migrated_store.root, "--apply", "--vacuum-retain-hours", "24", "--force"]) == 0
-    assert "vacuumed files older than 24 h" in capsys.readouterr().out
+    # with --force it runs: test_vacuum_keeps_files_the_image_path_wrote
 
 
-@pytest.mark.zk
-def test_gc_prunes_old_rows_of_the_metrics_table(spark, migrated_store, zk_config, capsys) -> None:  # type: ignore[no-untyped-def]
-    """The per-batch metrics table grows by a row per batch: gc deletes rows older than its retention
-    (dry run first, as a user runs it), and a bad retention is a usage error."""
-    import time
-
+def test_gc_refuses_a_negative_metrics_retention(migrated_store, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The command line refuses a retention below 0 h before touching anything (the metrics pass
+    itself: test_gc_dry_run_then_apply)."""
     from deltawheel.executor.cli import main
-    from deltawheel.executor.protocol.metrics import read_batches
-    from executor_util import BucketCounter, events, start_executor, stop_executor
 
-    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter())
-    try:
-        for b in range(3):
-            ex.run_batch(events(spark, [(f"r{b}", "cats", 1_000 + b)]), b, input_watermark_ms=None)
-            assert ex.metrics.flush()
-            time.sleep(0.05)
-    finally:
-        stop_executor(ex, client)
-    rows = read_batches(migrated_store)
-    assert [r["batch_id"] for r in rows] == [0, 1, 2]
-    keep_ms = 3_600_000
-    now = rows[2]["recorded_ms"] + keep_ms  # batches 0 and 1 were recorded before the cutoff
-    plan = run_gc(spark, migrated_store, now_ms=now, metrics_retention_ms=keep_ms)
-    assert [a.count for a in plan.actions if a.pass_name == "metrics_retention"] == [2]
-    assert len(read_batches(migrated_store)) == 3  # a dry run
-    run_gc(spark, migrated_store, now_ms=now, metrics_retention_ms=keep_ms, apply=True)
-    assert [r["batch_id"] for r in read_batches(migrated_store)] == [2]
-    assert any(a.table == "_metrics/batches" for a in plan.actions if a.pass_name == "compact")
-    # the command line refuses a retention below 0 h before touching anything
     with pytest.raises(SystemExit) as exit_:
         main(["gc", "--store", migrated_store.root, "--metrics-retention-hours", "-1"])
     assert exit_.value.code == 2

@@ -34,7 +34,7 @@ def test_gc_checkpoints_and_cleans_the_delta_log(spark, migrated_store) -> None:
     import time
 
     path = ensure_stream_table(spark, migrated_store, "clicks")
-    _append(spark, path, 6)
+    _append(spark, path, 3)
     before = _log_entries(path)
     rows = sorted(r["record_id"] for r in spark.read.format("delta").load(path).collect())
     plan = run_gc(spark, migrated_store, now_ms=int(time.time() * 1000) + 1000, log_retention_ms=0)
@@ -55,7 +55,7 @@ def test_gc_checkpoints_and_cleans_the_delta_log(spark, migrated_store) -> None:
 
 def test_gc_refuses_a_retention_below_the_replay_horizon_kept(spark, migrated_store, capsys) -> None:  # type: ignore[no-untyped-def]
     """A retention shorter than --keep-replay-hours is refused before anything changes, from the
-    API and the command line; a retention that keeps it passes and the report names the horizon."""
+    API and the command line."""
     import time
 
     from deltawheel.executor.cli import main
@@ -76,10 +76,7 @@ def test_gc_refuses_a_retention_below_the_replay_horizon_kept(spark, migrated_st
                  "--keep-replay-hours", "24"]) == 3
     assert "ReplayHorizonError" in capsys.readouterr().err
     assert (_log_entries(path), spark.read.format("delta").load(path).count()) == before
-    assert main(["gc", "--store", migrated_store.root, "--skip-zk", "--keep-replay-hours", "24"]) == 0
-    out = capsys.readouterr().out
-    assert "replay_horizon   rows: replay can start from versions committed after" in out
-    assert "(168 h back): the oldest is version 0" in out, out
+    # a retention that keeps the horizon passes: test_gc_deletes_znodes_of_gone_instances_and_finished_replays
 
 
 # --- ZooKeeper ---------------------------------------------------------------------------------
@@ -92,7 +89,8 @@ def test_gc_deletes_znodes_of_gone_instances_and_finished_replays(spark, migrate
     leave a chroot each. ``deltawheel gc --apply`` deletes the estimates of gone instances that
     hold no watermark back (a gone one whose interval no later owner caught up on stays, as do a
     live member's and another store's), and the chroot of a replay whose shadow store is gone
-    (one whose store is still there stays); the injector's watermark is unchanged."""
+    (one whose store is still there stays); the injector's watermark is unchanged. The plan keeps a
+    replay horizon (--keep-replay-hours) its retentions leave, and names it."""
     from dataclasses import replace
 
     from deltawheel.executor.cli import main
@@ -124,8 +122,10 @@ def test_gc_deletes_znodes_of_gone_instances_and_finished_replays(spark, migrate
             root.create(f"{shadow}/pipelines/p/store", b'{"format_version": 1, "root": "%s", "rows_table_id": "x"}'
                         % store.encode(), makepath=True)
         args = ["gc", "--store", migrated_store.root, "--zk", zk_config.hosts, "--zk-chroot", zk_config.chroot]
-        assert main(args) == 0  # the plan
+        assert main([*args, "--keep-replay-hours", "24"]) == 0  # the plan
         out = capsys.readouterr().out
+        assert "replay_horizon   rows: replay can start from versions committed after" in out, out
+        assert "(168 h back): the oldest is version 0" in out, out
         assert "[plan] zk_instances     zk:/pipelines/p: would delete 2 estimates of gone instances" in out, out
         assert "would delete 1 chroots of replays whose shadow store is gone" in out, out
         assert sorted(client.get_children(base)) == ["caught", "handing", "idle", "live"]

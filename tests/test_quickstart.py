@@ -16,8 +16,23 @@ pytestmark = [pytest.mark.spark, pytest.mark.zk]
 
 
 def dw(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return done(started(*args), timeout=timeout)
+
+
+def started(*args: str) -> subprocess.Popen[str]:
+    """``deltawheel ARGS`` started (commands that only read the store run side by side)."""
+    return subprocess.Popen([sys.executable, "-m", "deltawheel.executor.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def done(proc: subprocess.Popen[str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.mark.timeout(1800)
@@ -35,10 +50,13 @@ def test_quickstart_then_sql_with_embedded_zookeeper(tmp_path: Path) -> None:
     pid = int((store / "_zk" / "zookeeper.pid").read_text())
     try:
         # two queries in one call (one Spark session): each prints its csv with its header (the
-        # default table format of the command is checked in test_cli_sql.py, in process)
-        out = dw("sql", "--store", str(store), "--format", "csv",
-                 "SELECT key, state_json, n_timers, n_checkpointed FROM state WHERE computation = 'wordcount' ORDER BY key",
-                 "SELECT key, value_json FROM word_counts_decoded")
+        # default table format of the command is checked in test_cli_sql.py, in process); inspect
+        # reads the store meanwhile, in a session of its own
+        sql = started("sql", "--store", str(store), "--format", "csv",
+                      "SELECT key, state_json, n_timers, n_checkpointed FROM state WHERE computation = 'wordcount' "
+                      "ORDER BY key", "SELECT key, value_json FROM word_counts_decoded")
+        inspect = started("inspect", "--store", str(store), "--computation", "wordcount", "--key", "once")
+        out, one = done(sql), done(inspect)
         assert out.returncode == 0, out.stdout + out.stderr
         state_csv, sep, stream_csv = out.stdout.partition("key,value_json\n")
         assert sep and state_csv.startswith("key,state_json,n_timers,n_checkpointed\n"), out.stdout[:2000]
@@ -51,8 +69,7 @@ def test_quickstart_then_sql_with_embedded_zookeeper(tmp_path: Path) -> None:
         delivered = list(csv.DictReader(io.StringIO(sep + stream_csv)))
         produced = {r["key"]: json.loads(r["value_json"]) for r in delivered}
         assert len(delivered) == len(produced) == 18 and produced["the"] == {"word": "the", "count": 5}  # once each
-        one = dw("inspect", "--store", str(store), "--computation", "wordcount", "--key", "once")
-        assert one.returncode == 0 and json.loads(one.stdout)["state"] == {"count": 2}
+        assert one.returncode == 0 and json.loads(one.stdout)["state"] == {"count": 2}, one.stdout + one.stderr
     finally:
         stop = dw("zk", "stop", "--store", str(store))
     assert stop.returncode == 0, stop.stdout + stop.stderr

@@ -25,12 +25,15 @@ WRITER = Path(__file__).with_name("s3_log_writer.py")
 LOG_STORE_CHROOT = "/deltawheel-tests-logstore"  # the s3_bucket fixture's
 
 
-def _child(object_store, zk_server, *args: str) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
+def _writer(object_store, zk_server, *args: str) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
     env = {**object_store_env(object_store), "DELTAWHEEL_ZK": zk_server.hosts, "DELTAWHEEL_ZK_CHROOT": LOG_STORE_CHROOT}
-    proc = subprocess.Popen([sys.executable, str(WRITER), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, str(WRITER), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()  # its session is up
+
+
+def _child(object_store, zk_server, *args: str) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
+    proc = _writer(object_store, zk_server, *args)
+    line = _line(proc, "its session up")
     assert line.strip() == "READY", line
     return proc
 
@@ -41,27 +44,82 @@ def _go(proc: subprocess.Popen[str], line: str = "go") -> None:
     proc.stdin.flush()
 
 
-def _finish(proc: subprocess.Popen[str]) -> Any:
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def _step(proc: subprocess.Popen[str], version: int, timeout: float = 300.0) -> str:
-    """Has a ``steps`` child write ``version`` and waits for its report (sent once its write
-    returned): the outcome, "won" or the exception's class. No timing is assumed."""
-    _go(proc, str(version))
+def _line(proc: subprocess.Popen[str], what: str, timeout: float = 300.0) -> str:
+    """The other process's next line of output (it says ``what``); no timing is assumed."""
     assert proc.stdout is not None
     stdout = proc.stdout
     box: list[str] = []
     reader = threading.Thread(target=lambda: box.append(stdout.readline()), daemon=True)
     reader.start()
     reader.join(timeout)
-    assert box, f"the other process reported nothing on version {version} within {timeout:.0f} s"
-    assert box[0].strip(), f"the other process ended before reporting on version {version} (rc {proc.poll()})"
-    report = json.loads(box[0])
+    assert box, f"the other process did not report {what} within {timeout:.0f} s"
+    assert box[0].strip(), f"the other process ended before it reported {what} (rc {proc.poll()})"
+    return box[0]
+
+
+def _step(proc: subprocess.Popen[str], version: int) -> str:
+    """Has a ``steps`` child write ``version`` and waits for its report (sent once its write
+    returned): the outcome, "won" or the exception's class."""
+    _go(proc, str(version))
+    report = json.loads(_line(proc, f"on version {version}"))
     assert report["round"] == version, report
     return str(report["outcome"])
+
+
+class _OtherApp:
+    """Another Spark application (``s3_log_writer.py serve``) that the tests of this module hand one
+    mode after another: one start-up for all of them. A test that fails while a mode runs leaves it
+    busy: the next one gets a new application."""
+
+    def __init__(self, object_store, zk_server) -> None:  # type: ignore[no-untyped-def]
+        self.servers = (object_store, zk_server)
+        self.proc: subprocess.Popen[str] | None = None
+        self.idle = False
+
+    def start(self) -> None:
+        """Started now, its session comes up while the test prepares."""
+        if self.proc is None or not self.idle or self.proc.poll() is not None:
+            self.stop()
+            self.proc = _writer(*self.servers, "serve")
+            self.idle = True
+
+    def command(self, *args: str) -> subprocess.Popen[str]:
+        """Hands it ``mode ARGS...`` (``s3_log_writer.py``'s) and waits for its READY."""
+        self.start()
+        assert self.proc is not None and self.proc.stdin is not None
+        self.idle = False
+        self.proc.stdin.write(json.dumps(args) + "\n")
+        self.proc.stdin.flush()
+        line = _line(self.proc, f"READY for {args[0]}")
+        assert line.strip() == "READY", line
+        return self.proc
+
+    def result(self, timeout: float = 600.0) -> Any:
+        """The mode's one JSON line at its end; the application waits for the next mode then."""
+        assert self.proc is not None
+        out = json.loads(_line(self.proc, "its result", timeout))
+        self.idle = True
+        return out
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()  # it ends
+                try:
+                    self.proc.wait(120)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            self.proc = None
+
+
+@pytest.fixture(scope="module")
+def other_app(object_store, zk_server):  # type: ignore[no-untyped-def]
+    app = _OtherApp(object_store, zk_server)
+    app.start()
+    yield app
+    app.stop()
 
 
 def _store(spark):  # type: ignore[no-untyped-def]
@@ -76,14 +134,14 @@ def test_the_session_commits_s3a_tables_through_the_zookeeper_store(spark, s3_bu
 
 
 @pytest.mark.timeout(900)
-def test_two_processes_racing_one_version_never_both_win(spark, object_store, zk_server, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+def test_two_processes_racing_one_version_never_both_win(spark, other_app, s3_bucket) -> None:  # type: ignore[no-untyped-def]
     """Round r: this process and another Spark application write version r of one log at the
     same moment (a shared start time). Exactly one wins each round; the file is the winner's."""
     from py4j.protocol import Py4JJavaError
 
     rounds, slot = 16, 0.5  # 16 races of one version each: enough to see both sides win and lose
     log_dir = f"s3a://{s3_bucket}/race-{uuid.uuid4().hex[:8]}/_delta_log"
-    child = _child(object_store, zk_server, "raw", log_dir, str(slot), str(rounds), "child")
+    child = other_app.command("raw", log_dir, str(slot), str(rounds), "child")
     store = _store(spark)
     conf = jsession(spark).sessionState().newHadoopConf()
     j = jvm(spark)
@@ -100,7 +158,7 @@ def test_two_processes_racing_one_version_never_both_win(spark, object_store, zk
             won.append(r)
         except Py4JJavaError as exc:
             lost.append((r, str(exc.java_exception.getClass().getName())))
-    theirs = _finish(child)
+    theirs = other_app.result()
     elapsed = time.monotonic() - t0
     assert sorted(won + theirs["won"]) == list(range(rounds)), (won, theirs)  # one winner per round
     losses = [c for _, c in lost] + [c for _, c in theirs["lost"]]
@@ -116,13 +174,13 @@ def test_two_processes_racing_one_version_never_both_win(spark, object_store, zk
 
 
 @pytest.mark.timeout(900)
-def test_two_applications_appending_lose_no_commit(spark, object_store, zk_server, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+def test_two_applications_appending_lose_no_commit(spark, other_app, s3_bucket) -> None:  # type: ignore[no-untyped-def]
     """This session and another Spark application append to one Delta table at once: every append
     that returned is in the table and the log once, each writer's in its own order."""
     count = 8  # per writer: enough for their commits to race (the retried ones are printed)
     table = f"s3a://{s3_bucket}/appends-{uuid.uuid4().hex[:8]}"
     spark.sql("SELECT 'init' AS writer, 0 AS i").write.format("delta").save(table)
-    child = _child(object_store, zk_server, "appends", table, "child", str(count))
+    child = other_app.command("appends", table, "child", str(count))
     _go(child)
     ours: list[str] = []
     t0 = time.monotonic()
@@ -130,7 +188,7 @@ def test_two_applications_appending_lose_no_commit(spark, object_store, zk_serve
         spark.sql(f"SELECT 'parent' AS writer, {i} AS i").write.format("delta").mode("append") \
             .option("userMetadata", f"parent-{i}").save(table)
         ours.append(f"parent-{i}")
-    theirs = _finish(child)
+    theirs = other_app.result()
     elapsed = time.monotonic() - t0
     hist = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").select("version", "userMetadata", "readVersion").collect()
     hist.sort(key=lambda r: r.version)

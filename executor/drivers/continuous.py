@@ -8,7 +8,10 @@ checkpoints (either takes over from the other), beside idle-stage ticks, tools' 
 Invariant: a downstream batch never acts on an upstream low watermark beyond what its micro-batch
 read: the watermark read after each batch caps the next one (:attr:`.ComputationExecutor.upstream_caps`)
 and holds the stage's own (:attr:`input_hold_ms`). docs/continuous.md, "Watermarks between live
-stages" and "Stopping"."""
+stages" and "Stopping".
+
+Over 500 lines: one class, the live run's lifecycle (start, ticks, stop); its parts that stand alone
+are already in ``sharing``, ``handover``, ``triggers``, ``querystart``, ``inputs`` and ``pools``."""
 
 from __future__ import annotations
 

@@ -145,7 +145,8 @@ def test_the_readme_snippet_with_no_zookeeper_given_uses_the_stores_own(spark, t
 @pytest.mark.spark
 @pytest.mark.zk
 @pytest.mark.timeout(600)
-def test_foreach_batch_with_engine_executor_and_finish(spark, zk_server, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_foreach_batch_with_engine_executor_and_finish(spark, zk_server, tmp_path, capsys,
+                                                       migrated_at) -> None:  # type: ignore[no-untyped-def]
     """The foreachBatch form a user with their own query writes; the computation's instance
     attribute (set in ``__init__``) reaches the Spark tasks; ``progress=False`` keeps its lines off."""
     from deltawheel import Computation
@@ -172,6 +173,7 @@ def test_foreach_batch_with_engine_executor_and_finish(spark, zk_server, tmp_pat
             ctx.state = st or None
 
     rows = _events(tmp_path / "events")
+    migrated_at(tmp_path / "store")  # a new store, migrated as the template is (the README tests migrate theirs)
     events = deltawheel.ParquetInjector("events", str(tmp_path / "events"), key_column="q", event_time_column="ts",
                                        watermark_delay_ms=5_000, max_files_per_trigger=1)
     with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_server.hosts, pipeline="fb",

@@ -125,6 +125,20 @@ def migrated_store(store_layout, migrated_template):  # type: ignore[no-untyped-
     return store_layout
 
 
+@pytest.fixture
+def migrated_at(migrated_template):  # type: ignore[no-untyped-def]
+    """``migrated_at(folder)``: a fresh migrated store (a copy of ``migrated_template``) at ``folder``,
+    as its StoreLayout. For tests whose pipeline runs would otherwise first migrate a new store
+    (seconds of Delta commits each) where the migration is not what they test."""
+    from deltawheel.statestore.layout import StoreLayout
+
+    def make(folder: Path) -> Any:
+        copy_migrated_store(migrated_template, Path(folder))
+        return StoreLayout(str(folder))
+
+    return make
+
+
 S3_TEST_BUCKET = "deltawheel-tests"
 S3_TEST_LOGSTORE_CHROOT = "/deltawheel-tests-logstore"  # the chroot arbitrating the test bucket's commits
 

@@ -145,7 +145,8 @@ def test_the_readme_snippet_with_no_zookeeper_given_uses_the_stores_own(spark, t
 @pytest.mark.spark
 @pytest.mark.zk
 @pytest.mark.timeout(600)
-def test_foreach_batch_with_engine_executor_and_finish(spark, zk_server, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_foreach_batch_with_engine_executor_and_finish(spark, zk_server, tmp_path, capsys,
+                                                       migrated_at) -> None:  # type: ignore[no-untyped-def]
     """The foreachBatch form a user with their own query writes; the computation's instance
     attribute (set in ``__init__``) reaches the Spark tasks; ``progress=False`` keeps its lines off."""
     from deltawheel import Computation
@@ -172,6 +173,7 @@ def test_foreach_batch_with_engine_executor_and_finish(spark, zk_server, tmp_pat
             ctx.state = st or None
 
     rows = _events(tmp_path / "events")
+    migrated_at(tmp_path / "store")  # a new store, migrated as the template is (the README tests migrate theirs)
     events = deltawheel.ParquetInjector("events", str(tmp_path / "events"), key_column="q", event_time_column="ts",
                                        watermark_delay_ms=5_000, max_files_per_trigger=1)
     with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_server.hosts, pipeline="fb",
@@ -244,18 +246,22 @@ def _without_java() -> dict[str, str]:
 
 def test_no_java_gives_a_typed_error_saying_what_to_install(tmp_path: Path) -> None:
     env = _without_java()
-    done = subprocess.run([sys.executable, "-c", "import deltawheel; deltawheel.spark_session()"], env=env,
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.returncode != 0
-    assert "deltawheel.statestore.exceptions.JavaMissingError: no `java` on PATH" in done.stderr
-    assert "install a Java 17 (or newer) JDK" in done.stderr
-    cli = subprocess.run([str(Path(sys.executable).parent / "deltawheel"), "setup"], env=env, capture_output=True,
-                         text=True, timeout=120, cwd=tmp_path)
-    assert cli.returncode == 8  # environment (docs/operations.md, exit codes)
-    assert "deltawheel setup: JavaMissingError: no `java` on PATH" in cli.stderr
-    bad_home = subprocess.run([sys.executable, "-c", "import deltawheel; deltawheel.spark_session()"],
-                              env={**env, "JAVA_HOME": str(tmp_path)}, capture_output=True, text=True, timeout=120)
-    assert f"JAVA_HOME is {tmp_path}, but {tmp_path}/bin/java is not an executable" in bad_home.stderr
+    session = [sys.executable, "-c", "import deltawheel; deltawheel.spark_session()"]
+    # the three processes are independent: started together, waited for in turn
+    runs = [subprocess.Popen(cmd, env=e, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for cmd, e in ((session, env), ([str(Path(sys.executable).parent / "deltawheel"), "setup"], env),
+                           (session, {**env, "JAVA_HOME": str(tmp_path)}))]
+    try:
+        done_err, cli_err, bad_home_err = [p.communicate(timeout=120)[1] for p in runs]
+    finally:
+        for p in runs:
+            p.kill()
+    assert runs[0].returncode != 0
+    assert "deltawheel.statestore.exceptions.JavaMissingError: no `java` on PATH" in done_err
+    assert "install a Java 17 (or newer) JDK" in done_err
+    assert runs[1].returncode == 8  # environment (docs/operations.md, exit codes)
+    assert "deltawheel setup: JavaMissingError: no `java` on PATH" in cli_err
+    assert f"JAVA_HOME is {tmp_path}, but {tmp_path}/bin/java is not an executable" in bad_home_err
 
 
 def test_setup_fills_the_one_jars_cache(tmp_path: Path) -> None:

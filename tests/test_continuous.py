@@ -105,7 +105,8 @@ def test_what_a_run_and_deltawheel_run_refuse_before_anything_starts(tmp_path: P
 
 
 @pytest.mark.timeout(600)
-def test_two_live_stages_the_second_started_first_give_every_row_once(spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_two_live_stages_the_second_started_first_give_every_row_once(spark, zk_config, tmp_path,
+                                                                      migrated_at) -> None:  # type: ignore[no-untyped-def]
     """Stage 2 starts alone on a processing-time trigger, before stage 1 has delivered anything
     (its input table is created up front); stage 1 starts after it; files arrive while both run.
     After a graceful stop both streams hold exactly the rows counted here, each once, and no
@@ -116,6 +117,7 @@ def test_two_live_stages_the_second_started_first_give_every_row_once(spark, zk_
     write_file(folder, "part-0.parquet", rows[:40])
     pipeline = make(str(folder))
     store = tmp_path / "store"
+    migrated_at(store)  # a new store, migrated as the template is (the README test's run migrates its own)
     lines: list[str] = []
     with deltawheel.connect(spark, store=str(store), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                             pipeline="clicks") as engine:
@@ -302,7 +304,8 @@ def test_deltawheel_run_killed_resumes_exactly_once_and_sigterm_stops_it_with_no
 
 
 @pytest.mark.timeout(600)
-def test_engine_start_on_a_processing_time_trigger_keeps_the_direct_read(spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_engine_start_on_a_processing_time_trigger_keeps_the_direct_read(spark, zk_config, tmp_path,
+                                                                          migrated_at) -> None:  # type: ignore[no-untyped-def]
     """``engine.start(injector, comp, trigger=...)``: a Parquet injector's files are read by the
     tasks themselves on a processing-time trigger too, a file added later is read, and closing the
     engine stops the query; a trigger it cannot parse, or one with ``available_now``, is refused."""
@@ -311,6 +314,7 @@ def test_engine_start_on_a_processing_time_trigger_keeps_the_direct_read(spark, 
     rows = click_rows(60)
     folder = tmp_path / "input"
     write_file(folder, "part-0.parquet", rows[:30])
+    migrated_at(tmp_path / "store")
     clicks = deltawheel.ParquetInjector("clicks", str(folder), key_column="user", event_time_column="ts",
                                         record_id_column="id", watermark_delay_ms=5_000, max_files_per_trigger=1)
     with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts, zk_chroot=zk_config.chroot,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-from conftest import free_port, restart_zk_server
+from conftest import copy_migrated_store, free_port, restart_zk_server
 from deltawheel.executor.protocol.faults import FaultPoint
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import CoordinatorStateLostError, LeaseLostError
@@ -82,10 +82,11 @@ def _outputs(spark: Any, layout: StoreLayout) -> tuple[Any, Any]:
 
 
 @pytest.fixture(scope="module")
-def clean(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
+def clean(spark, zk_server, tmp_path_factory, migrated_template):  # type: ignore[no-untyped-def]
     """The rows and outputs of a run that nothing interrupted (the shared server, its own chroot)."""
     base = tmp_path_factory.mktemp("clean")
     folder = _input(base / "in")
+    copy_migrated_store(migrated_template, base / "store")
     layout = StoreLayout(str(base / "store"))
     _run(spark, folder, layout, ZkConfig(hosts=zk_server.hosts, chroot="/zk-clean", session_timeout_s=6.0))
     counts, state = _outputs(spark, layout)
@@ -363,7 +364,7 @@ def test_the_reseed_plan_shows_injector_watermarks_as_times() -> None:
 
 @pytest.mark.timeout(400)
 def test_reseed_restores_the_injector_watermark_the_lost_zookeeper_held(spark, tmp_path, zk_config, clean,
-                                                                        capsys) -> None:  # type: ignore[no-untyped-def]
+                                                                        capsys, migrated_at) -> None:  # type: ignore[no-untyped-def]
     """A run stopped before the commit of batch 2: ZooKeeper holds the injector watermark batch 1
     published (its newest event time minus the delay), which batch 2 runs under. ZooKeeper then
     loses everything (here: the pipeline's chroot is left behind); `reseed --apply` restores the
@@ -375,7 +376,7 @@ def test_reseed_restores_the_injector_watermark_the_lost_zookeeper_held(spark, t
     from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
     folder, _ = clean
-    layout = StoreLayout(str(tmp_path / "store"))
+    layout = migrated_at(tmp_path / "store")
     crashed: list[int] = []
 
     def faults(point: FaultPoint, batch_id: int) -> None:
@@ -493,10 +494,9 @@ def _commits_between(layout: StoreLayout, start: float, end: float) -> list[str]
     return sorted(p.name for p in Path(layout.rows, "_delta_log").glob("*.json") if start <= p.stat().st_mtime <= end)
 
 
-def _blip_run(spark: Any, tmp_path: Path, own_zk: Any, clients: list[Any], clean: Any, *, down_s: float,
+def _blip_run(spark: Any, layout: StoreLayout, own_zk: Any, clients: list[Any], clean: Any, *, down_s: float,
               zk: ZkConfig, write_path: str = "auto") -> None:
     folder, want = clean
-    layout = StoreLayout(str(tmp_path / "store"))
     faults, seen = _blip(own_zk, clients, down_s=down_s)
     summary = _run(spark, folder, layout, zk, faults=faults, write_path=write_path)
     seen["thread"].join()
@@ -508,8 +508,8 @@ def _blip_run(spark: Any, tmp_path: Path, own_zk: Any, clients: list[Any], clean
 
 @pytest.mark.timeout(300)
 def test_a_zookeeper_blip_shorter_than_the_session_pauses_commits_and_the_run_ends_normally(
-        spark, tmp_path, own_zk, runner_clients, clean) -> None:  # type: ignore[no-untyped-def]
-    _blip_run(spark, tmp_path, own_zk, runner_clients, clean, down_s=2.0,
+        spark, tmp_path, own_zk, runner_clients, clean, migrated_at) -> None:  # type: ignore[no-untyped-def]
+    _blip_run(spark, migrated_at(tmp_path / "store"), own_zk, runner_clients, clean, down_s=2.0,
               zk=ZkConfig(hosts=own_zk.hosts, chroot="/dw", session_timeout_s=8.0))
 
 
@@ -517,19 +517,19 @@ def test_a_zookeeper_blip_shorter_than_the_session_pauses_commits_and_the_run_en
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("write_path", ["image", "merge"])
 def test_a_15s_zookeeper_blip_under_the_default_session_timeout_ends_normally(
-        spark, tmp_path, own_zk, runner_clients, clean, write_path) -> None:  # type: ignore[no-untyped-def]
+        spark, tmp_path, own_zk, runner_clients, clean, migrated_at, write_path) -> None:  # type: ignore[no-untyped-def]
     zk = ZkConfig(hosts=own_zk.hosts, chroot="/dw")  # the default session timeout leaves room for 15 s
     assert zk.session_timeout_s > 15
-    _blip_run(spark, tmp_path, own_zk, runner_clients, clean, down_s=15.0, zk=zk, write_path=write_path)
+    _blip_run(spark, migrated_at(tmp_path / "store"), own_zk, runner_clients, clean, down_s=15.0, zk=zk, write_path=write_path)
 
 
 @pytest.mark.timeout(300)
 def test_a_session_expiry_stops_the_run_with_the_cause_named(spark, tmp_path, own_zk, runner_clients,
-                                                             clean) -> None:  # type: ignore[no-untyped-def]
+                                                             clean, migrated_at) -> None:  # type: ignore[no-untyped-def]
     from kazoo.client import KazooClient, KazooState
 
     folder, _ = clean
-    layout = StoreLayout(str(tmp_path / "store"))
+    layout = migrated_at(tmp_path / "store")
     zk = ZkConfig(hosts=own_zk.hosts, chroot="/dw", session_timeout_s=6.0)
     lost: list[str] = []
 

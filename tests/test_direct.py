@@ -273,11 +273,13 @@ def _run(spark: Any, folder: Path | str, store: Path | str, zk_config: Any, *, d
 
 
 @pytest.fixture(scope="module")
-def jvm_run(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
+def jvm_run(spark, zk_server, tmp_path_factory, migrated_template):  # type: ignore[no-untyped-def]
+    from conftest import copy_migrated_store
     from deltawheel.statestore.config import ZkConfig
 
     base = tmp_path_factory.mktemp("jvm")
     _input(base / "in")
+    copy_migrated_store(migrated_template, base / "store")  # a new store, migrated as the template is
     out, direct = _run(spark, base / "in", base / "store", ZkConfig(hosts=zk_server.hosts, chroot="/direct-jvm"),
                        direct=False)
     assert direct == [False, False, False]
@@ -290,9 +292,10 @@ def jvm_run(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("crash_at", [pytest.param(None, marks=pytest.mark.slow),
                                       pytest.param(FaultPoint.AFTER_USER_CODE, marks=pytest.mark.slow),
                                       FaultPoint.AFTER_COMMIT])
-def test_a_pipeline_reading_directly_gives_what_the_jvm_read_gives(spark, zk_config, tmp_path, jvm_run,
+def test_a_pipeline_reading_directly_gives_what_the_jvm_read_gives(spark, zk_config, tmp_path, jvm_run, migrated_at,
                                                                      crash_at) -> None:  # type: ignore[no-untyped-def]
     folder, want = jvm_run
+    migrated_at(tmp_path / "store")
     counts, _state, dead, late, ids = want
     assert counts and late and len(dead) >= 3 * 6 and ids  # the comparison has something to compare
     refused = [d for d in dead if d[5].startswith("ValueError")]

@@ -106,33 +106,45 @@ def test_a_stale_record_after_sigkill_is_replaced(stores) -> None:  # type: igno
 
 
 _HOLDER = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     from deltawheel.executor.servers.embedded import ensure_zookeeper
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
     use = ensure_zookeeper(ZkConfig(), StoreLayout(sys.argv[1]), own=True)
     print(use.hosts, flush=True)
-    time.sleep(float(sys.argv[2]))
+    deadline = time.monotonic() + 120
+    while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:  # held until the test says
+        time.sleep(0.05)
     print("stopped" if use.release() else "left", flush=True)
 """)
 
 
-def test_processes_starting_at_once_share_one_server_the_last_stops_it(stores) -> None:  # type: ignore[no-untyped-def]
+def test_processes_starting_at_once_share_one_server_the_last_stops_it(stores, tmp_path) -> None:  # type: ignore[no-untyped-def]
     store = stores("c")
-    procs = [subprocess.Popen([sys.executable, "-c", _HOLDER, str(store), str(hold)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=_env()) for hold in (2, 4, 6)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0], outs
-    assert len({out.splitlines()[0] for out, _ in outs}) == 1  # one address for all three
-    assert sum(err.count("started the store's embedded ZooKeeper") for _, err in outs) == 1  # one server
+    release = [tmp_path / f"release-{i}" for i in range(3)]
+    procs = [subprocess.Popen([sys.executable, "-c", _HOLDER, str(store), str(r)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=_env()) for r in release]
+    try:
+        lines = [[p.stdout.readline().strip()] for p in procs if p.stdout is not None]  # each one's address
+        for r, p, got in zip(release, procs, lines, strict=True):  # all three use the server: they leave in turn
+            r.touch()
+            assert p.stdout is not None
+            got.append(p.stdout.readline().strip())
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0, 0], (lines, errs)
+    assert len({got[0] for got in lines}) == 1  # one address for all three
+    assert sum(err.count("started the store's embedded ZooKeeper") for err in errs) == 1  # one server
     # the first two left it running for the third, which stopped it
-    assert [out.splitlines()[1] for out, _ in outs] == ["left", "left", "stopped"]
+    assert [got[1] for got in lines] == ["left", "left", "stopped"]
     assert zk_processes(store) == [] and record(store)["pid"] is None
 
 
 def test_a_command_joins_a_running_server_and_does_not_stop_it(stores) -> None:  # type: ignore[no-untyped-def]
     store = stores("j")
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(store), "30"], stdout=subprocess.PIPE,
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(store), str(store / "never")], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=_env())
     assert holder.stdout is not None
     hosts = holder.stdout.readline().strip()

@@ -44,8 +44,8 @@ def runner(spark: Any, layout: StoreLayout, folder: Path, zk_config: Any, *, ins
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])
 def test_a_moved_interval_is_neither_skipped_nor_processed_twice(spark: Any, zk_config: Any, tmp_path: Path,
-                                                                  write_path: str) -> None:
-    folder, layout = tmp_path / "in", StoreLayout(str(tmp_path / "store"))
+                                                                  migrated_at: Any, write_path: str) -> None:
+    folder, layout = tmp_path / "in", migrated_at(tmp_path / "store")
     expected: dict[str, int] = {}
 
     def add(n: int) -> None:
@@ -77,12 +77,13 @@ def test_a_moved_interval_is_neither_skipped_nor_processed_twice(spark: Any, zk_
     assert sorted(f for fs in logged.values() for f in fs) == [f"part-{n:05d}.parquet" for n in range(3)]
 
 
-def test_sharing_needs_at_most_one_parquet_injector(spark: Any, zk_config: Any, tmp_path: Path) -> None:
+def test_sharing_needs_at_most_one_parquet_injector(spark: Any, zk_config: Any, tmp_path: Path,
+                                                     migrated_at: Any) -> None:
     class TwoFolders(KeyCount):
         name = "two_folders"
         inputs = {"events": "key", "more": RECORD_KEY}
 
-    folder, layout = tmp_path / "in", StoreLayout(str(tmp_path / "store"))
+    folder, layout = tmp_path / "in", migrated_at(tmp_path / "store")
     write_file(folder, 0)
     injs = tuple(ParquetInjector(n, str(folder), key_column="key", event_time_column="t", watermark_delay_ms=1_000, max_files_per_trigger=1)
                  for n in ("events", "more"))
@@ -94,7 +95,7 @@ def test_sharing_needs_at_most_one_parquet_injector(spark: Any, zk_config: Any, 
 
 @pytest.mark.timeout(600)
 def test_a_windowed_computation_shared_by_instances_gives_the_panes_of_one(spark: Any, zk_config: Any,
-                                                                           tmp_path: Path) -> None:
+                                                                           tmp_path: Path, migrated_at: Any) -> None:
     """Instance a reads every file ahead while instance b, a live member, has read nothing: b's
     intervals' windows must stay open until b's own reading closes them (each instance publishes
     its own injector estimate; the injector's watermark is the live instances' minimum)."""
@@ -110,6 +111,8 @@ def test_a_windowed_computation_shared_by_instances_gives_the_panes_of_one(spark
         sums = windowed(name="sums", inputs={"events": RECORD_KEY}, output="sums", windowing=FixedWindows(10_000),
                         combine="count")
         layout = StoreLayout(str(tmp_path / store))
+        if not Path(layout.root).exists():  # a new store, migrated as the template is
+            migrated_at(Path(layout.root))
         PipelineRunner(spark, layout, Pipeline(name, (inj,), (sums,)), zk=zk_config, wait_s=20, instance=instance,
                        warm_workers=False).run()
         return sorted(row[1:] for row in stream_rows(spark, layout, "sums"))  # (key, value, time): the panes
@@ -148,7 +151,7 @@ def write_keys(folder: Path, n: int, keys: list[str], t_ms: int) -> None:
 
 @pytest.mark.timeout(600)
 def test_a_leaver_holds_the_watermark_until_its_intervals_are_caught_up(
-        spark: Any, zk_config: Any, tmp_path: Path) -> None:
+        spark: Any, zk_config: Any, tmp_path: Path, migrated_at: Any) -> None:
     """b reads less than a and leaves; a publishes its estimate (as its next batch would, before
     it takes b's intervals), then takes them and catches up on the files b never read. Those
     records must not be late (the input watermark must still be b's position): the panes equal
@@ -172,6 +175,8 @@ def test_a_leaver_holds_the_watermark_until_its_intervals_are_caught_up(
         sums = windowed(name="sums", inputs={"events": RECORD_KEY}, output="sums", windowing=FixedWindows(10_000),
                         combine="count")
         layout = StoreLayout(str(tmp_path / store))
+        if not Path(layout.root).exists():  # a new store, migrated as the template is
+            migrated_at(Path(layout.root))
         PipelineRunner(spark, layout, Pipeline(name, (inj,), (sums,)), zk=zk_config, wait_s=20, instance=instance,
                        warm_workers=False, end_of_input=end).run()
         return sorted(row[1:] for row in stream_rows(spark, layout, "sums"))

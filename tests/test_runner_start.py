@@ -54,7 +54,7 @@ def _runner(spark, tmp_path, zk_config, **kw):  # type: ignore[no-untyped-def]
 
 @pytest.mark.timeout(600)
 def test_a_start_that_fails_stops_the_run_typed_and_a_later_run_loses_nothing(
-        spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+        spark, zk_config, tmp_path, migrated_at) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.statestore.exceptions import LeaseHeldError
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.zk.client import connect
@@ -62,6 +62,7 @@ def test_a_start_that_fails_stops_the_run_typed_and_a_later_run_loses_nothing(
     from executor_util import state_of
 
     _input(tmp_path / "in")
+    migrated_at(tmp_path / "store")  # a new store (migrated by the run): the two-output-streams test below
     lines: list[str] = []
     client = connect(zk_config)
     try:
@@ -83,13 +84,15 @@ def test_a_start_that_fails_stops_the_run_typed_and_a_later_run_loses_nothing(
 
 
 @pytest.mark.timeout(600)
-def test_the_rows_are_those_of_a_run_that_started_first(spark, zk_config, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_rows_are_those_of_a_run_that_started_first(spark, zk_config, tmp_path, monkeypatch,
+                                                        migrated_at) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.executor.protocol.executor import ComputationExecutor
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
     from executor_util import state_of
 
     _input(tmp_path / "in")
+    migrated_at(tmp_path / "store")
     overlapped = _runner(spark, tmp_path, zk_config).run()
     first = state_of(spark, StoreLayout(str(tmp_path / "store")), "copy_counter")
     assert all(r.batch_id >= 0 for r in overlapped.reports["copier"])
@@ -100,6 +103,7 @@ def test_the_rows_are_those_of_a_run_that_started_first(spark, zk_config, tmp_pa
     again = tmp_path / "again"
     again.mkdir()
     (again / "in").symlink_to(tmp_path / "in")
+    migrated_at(again / "store")
     zk2 = ZkConfig(hosts=zk_config.hosts, chroot=zk_config.chroot + "-sync", session_timeout_s=6.0)
     _runner(spark, again, zk2).run()
     assert state_of(spark, StoreLayout(str(again / "store")), "copy_counter") == first == {
@@ -115,7 +119,7 @@ def _copies(spark, layout) -> list[str]:  # type: ignore[no-untyped-def]
 
 @pytest.mark.timeout(600)
 def test_a_stream_table_that_cannot_be_made_fails_the_first_batch_typed_and_a_later_run_loses_nothing(
-        spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+        spark, zk_config, tmp_path, migrated_at) -> None:  # type: ignore[no-untyped-def]
     """The stream tables are made beside the claim's commit, once the leases are held, and waited
     for by the first batch that needs one. A store where one cannot be made (a file sits where the
     table's folder belongs) stops the run with ConfigError at that batch, before it committed
@@ -123,14 +127,10 @@ def test_a_stream_table_that_cannot_be_made_fails_the_first_batch_typed_and_a_la
     record exactly once."""
     from deltawheel.statestore.delta.log import commit_infos
     from deltawheel.statestore.exceptions import ConfigError
-    from deltawheel.statestore.layout import StoreLayout
     from executor_util import state_of
 
-    from deltawheel import migrations
-
     _input(tmp_path / "in")
-    layout = StoreLayout(str(tmp_path / "store"))
-    migrations.apply(spark, layout, dry_run=False)
+    layout = migrated_at(tmp_path / "store")
     blocked = tmp_path / "store" / "streams" / "copies"
     blocked.parent.mkdir(parents=True)
     blocked.write_text("not a table")
@@ -196,18 +196,14 @@ def test_a_pipeline_with_two_output_streams_on_a_new_store_fills_both_tables(
 
 @pytest.mark.timeout(600)
 def test_a_store_newer_than_the_code_stops_the_run_typed_with_nothing_written(
-        spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+        spark, zk_config, tmp_path, migrated_at) -> None:  # type: ignore[no-untyped-def]
     """The store's migrations are planned while ZooKeeper connects: a store a newer deltawheel
     wrote still stops the run with that error before any lease is taken or anything written."""
     from deltawheel.statestore.delta.log import latest_local_version
     from deltawheel.statestore.exceptions import SchemaTooNewError
-    from deltawheel.statestore.layout import StoreLayout
-
-    from deltawheel import migrations
 
     _input(tmp_path / "in")
-    layout = StoreLayout(str(tmp_path / "store"))
-    migrations.apply(spark, layout, dry_run=False)
+    layout = migrated_at(tmp_path / "store")
     spark.createDataFrame([(99, "from_the_future", 0, "9.9.9")],
                           schema="version INT, name STRING, applied_ms BIGINT, deltawheel_version STRING"
                           ).write.format("delta").mode("append").save(layout.meta)
@@ -222,7 +218,7 @@ def test_a_store_newer_than_the_code_stops_the_run_typed_with_nothing_written(
 
 @pytest.mark.timeout(600)
 def test_a_topology_declared_otherwise_stops_the_run_typed_before_any_batch(
-        spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+        spark, zk_config, tmp_path, migrated_at) -> None:  # type: ignore[no-untyped-def]
     """The computation's topology is declared while its leases are taken: a different declaration
     in ZooKeeper stops the run with ConfigError before any batch ran, and the leases are free
     again."""
@@ -231,6 +227,7 @@ def test_a_topology_declared_otherwise_stops_the_run_typed_before_any_batch(
     from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
     _input(tmp_path / "in")
+    migrated_at(tmp_path / "store")
     client = connect(zk_config)
     try:
         WatermarkAuthority(client, pipeline="starts").declare("copier", upstream=["injector:other"], num_intervals=2)
@@ -247,7 +244,7 @@ def test_a_topology_declared_otherwise_stops_the_run_typed_before_any_batch(
 
 @pytest.mark.timeout(600)
 def test_a_synchronous_start_returns_with_its_stream_tables_made_or_fails_typed(
-        spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+        spark, zk_config, tmp_path, migrated_at) -> None:  # type: ignore[no-untyped-def]
     """``ComputationExecutor.start`` (engines, recovery, instances) still returns once the output
     streams' tables exist; one that cannot be made fails the start with ConfigError and the
     leases are given back."""
@@ -255,17 +252,13 @@ def test_a_synchronous_start_returns_with_its_stream_tables_made_or_fails_typed(
 
     from deltawheel.executor.protocol.executor import ComputationExecutor
     from deltawheel.statestore.exceptions import ConfigError
-    from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.ownership.owner import IntervalOwner
     from deltawheel.statestore.rowtable.store import RowStore
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.leases import LeaseManager
     from executor_util import Copier
 
-    from deltawheel import migrations
-
-    layout = StoreLayout(str(tmp_path / "store"))
-    migrations.apply(spark, layout, dry_run=False)
+    layout = migrated_at(tmp_path / "store")
     blocked = Path(layout.stream("copies"))
     blocked.parent.mkdir(parents=True)
     blocked.write_text("not a table")

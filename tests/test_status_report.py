@@ -59,13 +59,31 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
                           timeout=timeout, cwd=REPO)
 
 
-def test_each_committed_batch_appends_one_metrics_row(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module")
+def finished(spark, zk_server, tmp_path_factory, migrated_template):  # type: ignore[no-untyped-def]
+    """One :func:`_run_pipeline`, stopped (its last delivery landed, its leases given back), for the
+    tests that only read what it left: (its executor, store, ZooKeeper config, the metrics rows
+    waiting when it flushed)."""
+    import uuid
+
+    from conftest import copy_migrated_store
+    from deltawheel.executor.protocol.metrics import read_batches
+    from deltawheel.statestore.config import ZkConfig
+    from deltawheel.statestore.layout import StoreLayout
+
+    layout = StoreLayout(str(tmp_path_factory.mktemp("finished") / "store"))
+    copy_migrated_store(migrated_template, Path(layout.root))
+    zk = ZkConfig(hosts=zk_server.hosts, chroot=f"/t-{uuid.uuid4().hex[:12]}", session_timeout_s=6.0)
+    assert read_batches(layout) == []  # no table yet: nothing recorded, no error
+    waiting: list[int] = []
+    ex, _ = _run_pipeline(spark, layout, zk, before_flush=lambda ex: waiting.append(ex.metrics._queue.unfinished_tasks))
+    return ex, layout, zk, waiting
+
+
+def test_each_committed_batch_appends_one_metrics_row(spark, finished) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.executor.protocol.metrics import read_batches
 
-    assert read_batches(migrated_store) == []  # no table yet: nothing recorded, no error
-    waiting: list[int] = []
-    ex, _ = _run_pipeline(spark, migrated_store, zk_config,
-                          before_flush=lambda ex: waiting.append(ex.metrics._queue.unfinished_tasks))
+    ex, migrated_store, _zk, waiting = finished
     assert waiting == [3]  # gathered, not yet written: one append for the interval's rows
     log = Path(migrated_store.metrics_batches) / "_delta_log"
     assert len(list(log.glob("*.json"))) == 2  # the table's creation and the one append of three rows
@@ -163,13 +181,12 @@ def _pending_line(text: str) -> str:
     return lines[0]
 
 
-def test_status_of_a_finished_pipeline_says_its_checkpointed_productions_landed(spark, migrated_store,  # type: ignore[no-untyped-def]
-                                                                                 zk_config) -> None:
+def test_status_of_a_finished_pipeline_says_its_checkpointed_productions_landed(spark, finished) -> None:  # type: ignore[no-untyped-def]
     """Its last batch's delivery was under way when the batch ended (the metrics row says so), and
     landed when the executor stopped: status must not say it is still being delivered."""
     from deltawheel.executor.protocol.metrics import read_batches
 
-    _run_pipeline(spark, migrated_store, zk_config)  # stopped: the last delivery landed, the leases given back
+    _ex, migrated_store, zk_config, _ = finished  # stopped: the last delivery landed, the leases given back
     assert read_batches(migrated_store)[-1]["pending_productions"] > 0  # in flight when the batch ended
     text, checkpointed, undelivered = _status_and_scan(spark, migrated_store, zk_config)
     assert checkpointed > 0 and undelivered == 0  # still in the rows (the next commit clears them), all landed
@@ -318,14 +335,14 @@ class _Cdp:
         os.close(self._from_r)
 
 
-def test_report_page_loads_in_headless_chromium_with_every_plot(spark, migrated_store, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_report_page_loads_in_headless_chromium_with_every_plot(finished, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.executor.cli.report import PLOTS
 
     binary = _chromium()
     if binary is None:
         pytest.skip("no Chromium: install Debian's package ('apt-get install chromium'); the report test "
                     "loads the page in a real headless browser")
-    _run_pipeline(spark, migrated_store, zk_config)
+    _ex, migrated_store, zk_config, _ = finished
     page = tmp_path / "out" / "report.html"
     out = _cli("report", "--store", migrated_store.root, "--out", str(page), "--zk", zk_config.hosts,
                "--zk-chroot", zk_config.chroot)

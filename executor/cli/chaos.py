@@ -51,7 +51,8 @@ def _chaos(args: argparse.Namespace) -> int:
                     drained=bool(saved.get("drained")), skipped=skipped, left_out=saved.get("left_out", "")))
         return 0 if result.ok else 1
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
-    print(f"chaos seed {seed} (replay: deltawheel chaos --seed {seed} --seconds {args.seconds:g})", flush=True)
+    again = f" --kinds {args.kinds}" * bool(args.kinds) + " --object-store" * args.object_store
+    print(f"chaos seed {seed} (replay: deltawheel chaos --seed {seed} --seconds {args.seconds:g}{again})", flush=True)
     settings = ChaosSettings(seed=seed, seconds=args.seconds, data=data, mean_gap_s=args.mean_gap,
                              bound_s=args.bound, store_tmpfs_mb=args.store_tmpfs_mb, object_store=args.object_store,
                              kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))

@@ -379,7 +379,7 @@ def test_s3proxy_kill_on_a_local_store_is_refused_and_starts_nothing(tmp_path: P
 
 
 @pytest.mark.objectstore
-def test_the_run_s_s3proxy_killed_and_restarted_serves_the_same_objects_on_the_same_port(tmp_path: Path) -> None:
+def test_the_run_s_s3proxy_killed_and_restarted_serves_the_same_bucket_on_the_same_port(tmp_path: Path) -> None:
     """What ``s3proxy-kill`` does, on a real S3Proxy: unreachable while killed, then the restarted
     server answers on the same port with the same keys and data (the bucket, a folder of the
     backend, whose ``store/`` the checker reads)."""

@@ -377,11 +377,13 @@ class _Harness:
         try:
             self.stop_processes()
         finally:  # S3Proxy stopped and the store's content back on disk, also when stopping failed
-            if self.s3 is not None:
-                self.s3.stop()
-            note = self.disk.unmount()
-            if note:
-                self.say(f"chaos: the store's tmpfs: {note}")
+            try:
+                if self.s3 is not None:
+                    self.s3.stop()
+            finally:
+                note = self.disk.unmount()
+                if note:
+                    self.say(f"chaos: the store's tmpfs: {note}")
 
     def stop_processes(self) -> None:
         with self.lock:

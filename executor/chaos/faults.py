@@ -2,7 +2,8 @@
 
 Each fault has a start (seconds into the chaos phase), kind, target and duration before it heals.
 Faults of different targets overlap; a target has one fault at a time (one ZooKeeper server down
-at a time keeps the quorum; the operator tools run one at a time; the store's disk has one fault).
+at a time keeps the quorum; the operator tools run one at a time; the store's disk has one fault;
+so has the object store's server).
 
 | kind | fault | heal |
 |---|---|---|
@@ -18,7 +19,8 @@ at a time keeps the quorum; the operator tools run one at a time; the store's di
 | ``repair`` | ``deltawheel repair`` of one key (``bank``: its counters reset; ``ledger``: its state as it is) | the tool's exit |
 | ``upgrade-state`` | ``deltawheel upgrade-state`` with the running code (an unchanged upgrade) | the tool's exit |
 | ``promote`` | ``deltawheel replay`` of the running code from the chaos phase's start, then ``promote`` | the tools' exits |
-| ``disk-full`` | the store's tmpfs filled by one file up to ENOSPC (only where the harness could mount it) | the file deleted |
+| ``disk-full`` | the store's tmpfs filled by one file up to ENOSPC (only where the harness could mount it; on an ``--object-store`` run the tmpfs holds S3Proxy's data) | the file deleted |
+| ``s3proxy-kill`` | SIGKILL of the S3Proxy server holding the store (only on an ``--object-store`` run) | the server restarted on the same data and port |
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ KINDS: dict[str, tuple[int, float, float]] = {
     "zk-kill": (2, 3.0, 10.0),
     "zk-leader-kill": (2, 3.0, 10.0),
     "disk-full": (2, 5.0, 20.0),
+    "s3proxy-kill": (2, 3.0, 10.0),
     "gc": (1, 60.0, 60.0),
     "rebalance": (2, 5.0, 15.0),
     "status": (1, 10.0, 10.0),
@@ -65,10 +68,11 @@ class PlannedFault:
 
     @property
     def slot(self) -> str:
-        """What one fault at a time holds: the driver, the ensemble, the store's disk or the tools."""
+        """What one fault at a time holds: the driver, the ensemble, the store's disk, the object
+        store's server or the tools."""
         if self.target in INSTANCES:
             return self.target
-        return "zk" if self.kind.startswith("zk") else "disk" if self.kind == "disk-full" else "tools"
+        return "zk" if self.kind.startswith("zk") else {"disk-full": "disk", "s3proxy-kill": "s3"}.get(self.kind, "tools")
 
 
 def _target(rng: random.Random, kind: str) -> str:
@@ -82,7 +86,7 @@ def _target(rng: random.Random, kind: str) -> str:
         return rng.choice(("bank", "ledger", "window_sums"))
     if kind in ("repair", "upgrade-state", "promote"):  # the computations whose class a tool imports
         return rng.choice(("bank", "ledger"))
-    return "store"
+    return "s3proxy" if kind == "s3proxy-kill" else "store"
 
 
 def plan(seed: int, seconds: float, *, mean_gap_s: float = 5.0, session_timeout_s: float = 6.0,
@@ -90,7 +94,8 @@ def plan(seed: int, seconds: float, *, mean_gap_s: float = 5.0, session_timeout_
     """The faults of a chaos phase of ``seconds``: starts a random gap apart (exponential, mean
     ``mean_gap_s``); a fault whose slot is still busy (its previous fault not healed ``settle_s``
     before) moves after it. Every fault heals before the phase ends. ``kinds``: those drawn
-    from (default: all of :data:`KINDS`; a run without a tmpfs leaves ``disk-full`` out)."""
+    from (default: all of :data:`KINDS`; a run without a tmpfs leaves ``disk-full`` out, a run
+    on a local store ``s3proxy-kill``)."""
     rng = random.Random(seed)
     kinds = sorted(KINDS if kinds is None else set(kinds) & set(KINDS))
     weights = [KINDS[k][0] for k in kinds]

@@ -1,13 +1,14 @@
 """The chaos run: the bank pipeline (:mod:`.bank`) as two ``deltawheel run`` instances sharing its
-intervals, on a three-server ZooKeeper ensemble and a local store, fed by a seeded input generator
-under the fault schedule of :mod:`.faults`, then checked (:mod:`.checker`).
+intervals, on a three-server ZooKeeper ensemble and a local store (or one on a local S3Proxy,
+:mod:`.objectstore`), fed by a seeded input generator under the fault schedule of :mod:`.faults`,
+then checked (:mod:`.checker`); each driver a :class:`.driver.Driver`.
 
 Phases: the ensemble and both drivers, until both commit; chaos (a file every ``file_every_s``,
 each fault on its own thread); every fault healed and the closing moves written; the drain (until
 every stream holds what the input gives, or ``drain_s``); SIGTERM to the drivers; the ensemble
 stopped; the store's tmpfs unmounted (its content copied back); the check. Under ``data``:
-``input/``, ``store/``, ``zk/``, ``logs/``, ``replays/`` (the promote faults' shadow stores),
-``faults.json``. The faults themselves: driver and ZooKeeper faults here, the tools in
+``input/``, ``store/`` (or ``s3/``), ``zk/``, ``logs/``, ``replays/`` (the promote faults' shadow
+stores), ``faults.json``. The faults themselves: driver and ZooKeeper faults here, the tools in
 :mod:`.tools`, the Python workers in :mod:`.workers`, the store's disk in :mod:`.disk`.
 """
 
@@ -27,13 +28,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.objectstore.s3a import ENV_ENDPOINT
 from deltawheel.statestore.process import DIE_WITH_ENV, die_with
 
 from ..servers.ensemble import ZooKeeperEnsemble
 from .bank import INPUT_ENV, closing_moves, moves, write_moves
 from .checker import CheckResult, FaultRecord, Violation, check_run, complete, stream_commits
 from .disk import StoreDisk, unmount_stale
+from .driver import Driver
 from .faults import INSTANCES, KINDS, PlannedFault, plan
+from .objectstore import ChaosObjectStore
 from .tools import tool_fault
 from .workers import python_workers
 
@@ -62,55 +66,7 @@ class ChaosSettings:
     trigger: str = "1 second"
     store_tmpfs_mb: int = 128  # the store's tmpfs for ``disk-full`` (0: none, the kind left out)
     kinds: tuple[str, ...] = ()  # the kinds the schedule draws from (empty: every kind of :data:`KINDS`)
-
-
-@dataclass
-class _Driver:
-    name: str
-    cmd: list[str]
-    log: Path
-    env: dict[str, str]
-    proc: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-    down: bool = False  # a driver-kill fault holds it down: the supervisor leaves it alone
-
-    def running(self) -> bool:
-        """Whether it runs and its log says every stage runs since its last start."""
-        if self.proc is None or self.proc.poll() is not None:
-            return False
-        text = self.log.read_text(errors="replace")
-        return ": running " in text[text.rfind("--- start "):]
-
-    def last_error(self) -> str:
-        """What made it exit: the ``deltawheel run: ...Error: ...`` line of its log since its last
-        start, else that start's last line (an uncaught error's traceback ends with it)."""
-        text = self.log.read_text(errors="replace")
-        lines = text[text.rfind("--- start "):].splitlines()[1:]
-        said = [ln for ln in lines if ln.startswith("deltawheel run:")]
-        if said:
-            return said[-1][len("deltawheel run:"):].strip()[:300]
-        return f"no error line; the last: {lines[-1].strip()[:260]}" if lines else "no error line"
-
-    def start(self) -> None:
-        with open(self.log, "ab") as out:
-            out.write(f"--- start {self.starts + 1} at {time.time():.3f}\n".encode())
-            out.flush()
-            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                         start_new_session=True)
-        die_with(os.getpid(), self.proc.pid)  # a harness killed (a test's timeout) takes its drivers along
-        self.starts += 1
-
-    def signal(self, sig: int) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        if self.proc is not None:
-            self.proc.wait(timeout=60)
+    object_store: bool = False  # the store on s3a:// through an S3Proxy of the run's own (``s3proxy-kill``)
 
 
 #: Lines of a driver's log that tell what a worker's kill did.
@@ -154,6 +110,10 @@ class _Harness:
         self.say = say
         self.data = settings.data.resolve()
         self.input, self.store, self.logs = self.data / "input", self.data / "store", self.data / "logs"
+        self.s3 = ChaosObjectStore(self.data / "s3") if settings.object_store else None
+        self.store_url = self.s3.url if self.s3 else str(self.store)  # what the drivers and tools are given
+        if self.s3:
+            self.store = self.s3.local  # the store's files, for the checker
         self.ensemble = ZooKeeperEnsemble(self.data / "zk", size=3)
         self.run = ChaosRun(settings)
         self.stop_input = threading.Event()
@@ -161,14 +121,14 @@ class _Harness:
         self.lock = threading.Lock()
         self.slots: dict[str, threading.Lock] = {}
         self.tool_procs: list[subprocess.Popen[bytes]] = []
-        self.drivers: dict[str, _Driver] = {}
+        self.drivers: dict[str, Driver] = {}
         self.threads: list[threading.Thread] = []
         self.file_index = 0
-        self.disk = StoreDisk(self.store, settings.store_tmpfs_mb)
+        self.disk = StoreDisk(self.s3.blobs if self.s3 else self.store, settings.store_tmpfs_mb)
 
     # --- set-up -----------------------------------------------------------------------------
     def prepare(self) -> None:
-        unmount_stale(self.store)
+        unmount_stale(self.disk.folder)
         if self.data.exists():
             if any(self.data.iterdir()) and not (self.data / MARKER).exists():
                 raise ConfigError(f"chaos --data {self.data}: a folder with other content; give an empty or new "
@@ -185,6 +145,11 @@ class _Harness:
             self.say(f"chaos: disk-full left out of the schedule: {reason}")
         else:
             self.say(f"chaos: the store on a tmpfs of {self.s.store_tmpfs_mb} MiB (disk-full fills it)")
+        if self.s3 is None:
+            self.run.kinds = [k for k in self.run.kinds if k != "s3proxy-kill"]
+        else:
+            self.s3.start()
+            self.say(f"chaos: the store on {self.s3.url} through S3Proxy at {self.s3.env[ENV_ENDPOINT]}")
 
     def cli(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "deltawheel.executor.cli", *args]
@@ -193,15 +158,15 @@ class _Harness:
         return ["--zk", self.ensemble.hosts, "--zk-chroot", CHROOT]
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, INPUT_ENV: str(self.input), "PYTHONUNBUFFERED": "1"}
+        return {**os.environ, INPUT_ENV: str(self.input), "PYTHONUNBUFFERED": "1", **(self.s3.env if self.s3 else {})}
 
     def make_drivers(self) -> None:
         for name in INSTANCES:
-            cmd = self.cli("run", "deltawheel.executor.chaos.bank:pipeline", "--store", str(self.store),
+            cmd = self.cli("run", "deltawheel.executor.chaos.bank:pipeline", "--store", self.store_url,
                            *self.zk_args(), "--zk-session-timeout", str(self.s.session_timeout_s),
                            "--trigger", self.s.trigger, "--instance", name, "--master", self.s.master, "--wait", "600",
                            "--driver-memory", "1g")
-            self.drivers[name] = _Driver(name, cmd, self.logs / f"driver-{name}.log", self.env())
+            self.drivers[name] = Driver(name, cmd, self.logs / f"driver-{name}.log", self.env())
 
     # --- input ------------------------------------------------------------------------------
     def write_next(self) -> None:
@@ -260,7 +225,7 @@ class _Harness:
                  f"{heal - start:.1f}s {note}".rstrip())
 
     # --- the phases -------------------------------------------------------------------------
-    def driver_fault(self, f: PlannedFault, d: _Driver) -> tuple[float, str]:
+    def driver_fault(self, f: PlannedFault, d: Driver) -> tuple[float, str]:
         """Kill or stop driver ``d`` (or one of its Python workers), heal it; return the heal's time
         once it runs again, and a note."""
         note = ""
@@ -286,7 +251,7 @@ class _Harness:
         self.wait_back(d)
         return heal, note
 
-    def worker_kill(self, f: PlannedFault, d: _Driver) -> tuple[float, str]:
+    def worker_kill(self, f: PlannedFault, d: Driver) -> tuple[float, str]:
         """SIGKILL of one Python worker of ``d`` (drawn with the seed); watch the driver for the
         fault's duration and say what it did. Raises :class:`_Skipped` without a worker."""
         proc = d.proc
@@ -317,8 +282,8 @@ class _Harness:
         return heal, note + (f"; its log: {seen[0][:200]}" if seen else "")
 
     def other_fault(self, f: PlannedFault) -> tuple[str, str]:
-        """A ZooKeeper server's kill and restart, the store's disk filled and freed, or an operator
-        tool (:mod:`.tools`); returns (target, note)."""
+        """A ZooKeeper server's or S3Proxy's kill and restart, the store's disk filled and freed, or
+        an operator tool (:mod:`.tools`); returns (target, note)."""
         if f.kind.startswith("zk"):
             myid = int(f.target[2:]) if f.target != "leader" else (self.ensemble.leader() or 1)
             self.ensemble.kill(myid)
@@ -326,6 +291,12 @@ class _Harness:
             if not self.stopping.is_set():
                 self.ensemble.restart(myid)
             return f"zk{myid}", ""
+        if f.kind == "s3proxy-kill" and self.s3 is not None:
+            pid = self.s3.kill()
+            self.stopping.wait(f.duration_s)
+            if not self.stopping.is_set():
+                self.s3.restart()
+            return f.target, f"pid {pid}"
         if f.kind == "disk-full":
             free = self.disk.free_bytes()
             filled = self.disk.fill()
@@ -334,7 +305,7 @@ class _Harness:
             return f.target, f"{filled / 2**20:.1f} MiB written of {free / 2**20:.1f} MiB free"
         return tool_fault(self, f)
 
-    def wait_back(self, d: _Driver) -> None:
+    def wait_back(self, d: Driver) -> None:
         """Hold the driver's slot until it runs again (the next fault on it hits a running driver,
         not one still starting Spark)."""
         deadline = time.monotonic() + self.s.start_s
@@ -405,10 +376,14 @@ class _Harness:
     def stop(self) -> None:
         try:
             self.stop_processes()
-        finally:  # the store's content back on disk, also when stopping failed
-            note = self.disk.unmount()
-            if note:
-                self.say(f"chaos: the store's tmpfs: {note}")
+        finally:  # S3Proxy stopped and the store's content back on disk, also when stopping failed
+            try:
+                if self.s3 is not None:
+                    self.s3.stop()
+            finally:
+                note = self.disk.unmount()
+                if note:
+                    self.say(f"chaos: the store's tmpfs: {note}")
 
     def stop_processes(self) -> None:
         with self.lock:
@@ -433,10 +408,10 @@ class _Harness:
         self.ensemble.stop()
 
 
-def _save(run: ChaosRun) -> None:
+def _save(run: ChaosRun, store: Path) -> None:
     data = run.settings.data.resolve()
     (data / "faults.json").write_text(json.dumps({
-        "seed": run.settings.seed, "phases": run.phases, "files": run.files, "drained": run.drained,
+        "seed": run.settings.seed, "store": str(store.relative_to(data)), "object_store": run.settings.object_store, "phases": run.phases, "files": run.files, "drained": run.drained,
         "tools": run.tools, "faults": [asdict(f) for f in run.faults],
         "kinds": run.kinds, "left_out": run.left_out,
         "skipped": [{**asdict(f), "reason": why} for f, why in run.skipped],
@@ -452,6 +427,8 @@ def run_chaos(settings: ChaosSettings, *, say: Callable[[str], None] = print) ->
     unknown = sorted(set(settings.kinds) - set(KINDS))
     if unknown:
         raise ConfigError(f"chaos: no fault kind {', '.join(unknown)}; the kinds: {', '.join(sorted(KINDS))}")
+    if "s3proxy-kill" in settings.kinds and not settings.object_store:
+        raise ConfigError("chaos: the fault kind s3proxy-kill needs the store on the object store: add --object-store")
     h = _Harness(settings, say)
     before = os.environ.get(DIE_WITH_ENV)
     os.environ[DIE_WITH_ENV] = str(os.getpid())  # the ensemble's servers die with this process too
@@ -465,23 +442,26 @@ def run_chaos(settings: ChaosSettings, *, say: Callable[[str], None] = print) ->
         else:
             os.environ[DIE_WITH_ENV] = before
     run.faults.sort(key=lambda f: f.start)
-    _save(run)
+    _save(run, h.store)
     run.result = check_run(h.store, h.input, run.faults, bound_s=settings.bound_s,
                            end=run.phases.get("drained"))
-    run.result.violations += exit_violations(run.exits)
+    run.result.violations += exit_violations(run.exits, object_store=settings.object_store)
     return run
 
 
 #: The exit codes a driver may stop with under these faults, to be started again: 4 (a lease lost
 #: with an expired session, a lease another process still holds), 9 (a failed batch, a conflict).
 EXPECTED_EXITS = (4, 9)
+#: On an object-store run also 5 with this error: a driver started while S3Proxy is down.
+UNREACHABLE = "ObjectStoreUnreachableError"
 
 
-def exit_violations(exits: list[DriverExit]) -> list[Violation]:
+def exit_violations(exits: list[DriverExit], *, object_store: bool = False) -> list[Violation]:
     """A driver that stopped with another code than :data:`EXPECTED_EXITS` (a crash, a damaged
-    store, an untyped error) is a violation."""
+    store, an untyped error) is a violation; on an object-store run an unreachable store (exit 5,
+    :data:`UNREACHABLE`) is not."""
     return [Violation("driver-exit", f"driver {e.driver} exited with {e.code}: {e.error}") for e in exits
-            if e.code not in EXPECTED_EXITS]
+            if e.code not in EXPECTED_EXITS and not (object_store and e.code == 5 and e.error.startswith(UNREACHABLE))]
 
 
 def recheck(data: Path, *, bound_s: float = 600.0) -> tuple[dict[str, Any], CheckResult]:
@@ -494,6 +474,7 @@ def recheck(data: Path, *, bound_s: float = 600.0) -> tuple[dict[str, Any], Chec
     except (OSError, ValueError) as exc:
         raise ConfigError(f"chaos --recheck {data}: no faults.json of a finished run ({exc})") from exc
     faults = [FaultRecord(**f) for f in saved["faults"]]
-    result = check_run(data / "store", data / "input", faults, bound_s=bound_s, end=saved["phases"].get("drained"))
-    result.violations += exit_violations([DriverExit(**e) for e in saved.get("exits", [])])
+    result = check_run(data / saved.get("store", "store"), data / "input", faults, bound_s=bound_s, end=saved["phases"].get("drained"))
+    result.violations += exit_violations([DriverExit(**e) for e in saved.get("exits", [])],
+                                         object_store=bool(saved.get("object_store")))
     return saved, result

@@ -57,7 +57,7 @@ def _run(h: _Harness, name: str, *args: str) -> str:
 
 def tool_fault(h: _Harness, f: PlannedFault) -> tuple[str, str]:
     """Run the tool of fault ``f``; returns (target, note)."""
-    store, zk, spark = ["--store", str(h.store)], h.zk_args(), ["--master", h.s.master, "--driver-memory", "1g"]
+    store, zk, spark = ["--store", h.store_url], h.zk_args(), ["--master", h.s.master, "--driver-memory", "1g"]
     live = [*store, "--pipeline", PIPELINE, "--computation", f.target, *zk]
     if f.kind == "gc":
         return f.target, f"rc {h.tool('gc', 'gc', *store, '--apply', *zk, '--master', h.s.master)}"

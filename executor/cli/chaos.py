@@ -30,6 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--kinds", default="",
                    help="comma-separated fault kinds the schedule draws from (default: every kind; the kinds are "
                         "listed in docs/reliability.md)")
+    p.add_argument("--object-store", action="store_true",
+                   help="the store on s3a:// through a local S3Proxy the run starts in --data's s3/ folder, and "
+                        "the s3proxy-kill faults (the server killed and restarted; with a tmpfs, disk-full fills "
+                        "S3Proxy's data)")
     p.add_argument("--recheck", action="store_true", help="check the finished run in --data again, run nothing")
     p.set_defaults(func=_chaos)
 
@@ -47,9 +51,10 @@ def _chaos(args: argparse.Namespace) -> int:
                     drained=bool(saved.get("drained")), skipped=skipped, left_out=saved.get("left_out", "")))
         return 0 if result.ok else 1
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
-    print(f"chaos seed {seed} (replay: deltawheel chaos --seed {seed} --seconds {args.seconds:g})", flush=True)
+    again = f" --kinds {args.kinds}" * bool(args.kinds) + " --object-store" * args.object_store
+    print(f"chaos seed {seed} (replay: deltawheel chaos --seed {seed} --seconds {args.seconds:g}{again})", flush=True)
     settings = ChaosSettings(seed=seed, seconds=args.seconds, data=data, mean_gap_s=args.mean_gap,
-                             bound_s=args.bound, store_tmpfs_mb=args.store_tmpfs_mb,
+                             bound_s=args.bound, store_tmpfs_mb=args.store_tmpfs_mb, object_store=args.object_store,
                              kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))
     run = run_chaos(settings, say=lambda line: print(line, flush=True))
     assert run.result is not None

@@ -1,0 +1,70 @@
+"""A chaos run's driver: one ``deltawheel run`` of the bank pipeline, started (again) in a session
+of its own that dies with the harness, signalled as a group, and read back from its log."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from deltawheel.statestore.process import die_with
+
+__all__ = ["Driver"]
+
+
+@dataclass
+class Driver:
+    """One ``deltawheel run`` of the chaos pipeline: its command, log (a ``--- start N`` line per
+    start), environment and current process."""
+
+    name: str
+    cmd: list[str]
+    log: Path
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    down: bool = False  # a driver-kill fault holds it down: the supervisor leaves it alone
+
+    def running(self) -> bool:
+        """Whether it runs and its log says every stage runs since its last start."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        text = self.log.read_text(errors="replace")
+        return ": running " in text[text.rfind("--- start "):]
+
+    def last_error(self) -> str:
+        """What made it exit: the ``deltawheel run: ...Error: ...`` line of its log since its last
+        start, else that start's last line (an uncaught error's traceback ends with it)."""
+        text = self.log.read_text(errors="replace")
+        lines = text[text.rfind("--- start "):].splitlines()[1:]
+        said = [ln for ln in lines if ln.startswith("deltawheel run:")]
+        if said:
+            return said[-1][len("deltawheel run:"):].strip()[:300]
+        return f"no error line; the last: {lines[-1].strip()[:260]}" if lines else "no error line"
+
+    def start(self) -> None:
+        """Start the command (again), a ``--- start N`` line first in its log."""
+        with open(self.log, "ab") as out:
+            out.write(f"--- start {self.starts + 1} at {time.time():.3f}\n".encode())
+            out.flush()
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                         start_new_session=True)
+        die_with(os.getpid(), self.proc.pid)  # a harness killed (a test's timeout) takes its drivers along
+        self.starts += 1
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to its process group, if it runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        """SIGKILL its process group and reap it."""
+        self.signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(timeout=60)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.log import latest_local_version, local_path
+from deltawheel.statestore.delta.storefs import files_resolver
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import ensure_stream_table
@@ -106,6 +107,7 @@ class ContinuousRun:
         default = Trigger.parse(trigger)
         self._triggers = {n: Trigger.parse((triggers or {})[n]) if n in (triggers or {}) else default for n in names}
         self.spark, self.layout, self.pipeline, self.wiring = spark, layout, pipeline, wiring
+        self._files: Callable[[str], Any] | None = None  # a stream table's files, local or remote (_consumed)
         self._comps = [c for c in ordered if c.name in wanted]
         self.wait_s, self.progress, self.write_path, self.direct_read = wait_s, progress, write_path, direct_read
         self.tick_s = tick_s
@@ -505,9 +507,11 @@ class ContinuousRun:
         """Whether the query's last progress shows it read every version ``stream``'s table has now
         (a table with only its creation commit holds no row)."""
         path = self.layout.stream(stream)
-        version = latest_local_version(path)
+        if self._files is None:
+            self._files = files_resolver(self.spark)
+        version = latest_local_version(self._files(path) or path)  # a local folder or the object store
         if version is None:
-            return False  # not a local table, or unreadable: not known
+            return False  # unreadable: not known
         if version == 0:
             return True
         end = delta_end_version(stage.query, local_path(path) or path)

@@ -21,19 +21,33 @@ the streams say whether a tool damaged anything, and the checker reads them.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
+import threading
+from pathlib import Path
+from typing import Any, Protocol
 
 from .bank import ACCOUNTS, PIPELINE
 from .faults import PlannedFault
-
-if TYPE_CHECKING:
-    from .harness import _Harness
 
 __all__ = ["tool_fault", "CODE", "SOURCE"]
 
 SOURCE = "deltawheel.executor.chaos.bank:pipeline"
 CODE = {"bank": "deltawheel.executor.chaos.bank:Bank", "ledger": "deltawheel.executor.chaos.bank:Ledger"}
 WAIT_S = "60"  # the hand-over wait an operator gives (the tools' default)
+
+
+class _Harness(Protocol):
+    """What the tools use of the run's harness (``harness.py``, which imports this module)."""
+
+    s: Any  # its ChaosSettings: seed, master
+    run: Any  # its ChaosRun: the phases' times
+    data: Path
+    logs: Path
+    store_url: str
+    stopping: threading.Event
+
+    def tool(self, name: str, *args: str) -> int: ...
+
+    def zk_args(self) -> list[str]: ...
 
 
 def _rng(h: _Harness, f: PlannedFault) -> random.Random:

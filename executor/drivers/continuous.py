@@ -107,7 +107,7 @@ class ContinuousRun:
         default = Trigger.parse(trigger)
         self._triggers = {n: Trigger.parse((triggers or {})[n]) if n in (triggers or {}) else default for n in names}
         self.spark, self.layout, self.pipeline, self.wiring = spark, layout, pipeline, wiring
-        self._files: Callable[[str], Any] | None = None  # a stream table's files, local or remote (_consumed)
+        self._files = files_resolver(spark)  # a stream table's files, local or on the object store (_consumed)
         self._comps = [c for c in ordered if c.name in wanted]
         self.wait_s, self.progress, self.write_path, self.direct_read = wait_s, progress, write_path, direct_read
         self.tick_s = tick_s
@@ -507,8 +507,6 @@ class ContinuousRun:
         """Whether the query's last progress shows it read every version ``stream``'s table has now
         (a table with only its creation commit holds no row)."""
         path = self.layout.stream(stream)
-        if self._files is None:
-            self._files = files_resolver(self.spark)
         version = latest_local_version(self._files(path) or path)  # a local folder or the object store
         if version is None:
             return False  # unreadable: not known

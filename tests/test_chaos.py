@@ -233,8 +233,14 @@ def test_the_checker_names_a_duplicate_a_lost_leg_and_a_wrong_window(tmp_path: P
 # --- runs -------------------------------------------------------------------------------------
 
 def _chaos(data: Path, *args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", "chaos", "--data", str(data), *args],
-                          capture_output=True, text=True, timeout=timeout_s)
+    """The run's output; one that outlasts ``timeout_s`` fails with what it printed and its logs."""
+    cmd = [sys.executable, "-m", "deltawheel.executor.cli", "chaos", "--data", str(data), *args]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        raise AssertionError(f"chaos did not end within {timeout_s:.0f}s:\n"
+                             + _explain(subprocess.CompletedProcess(cmd, -9, out, ""), data)) from None
 
 
 def _explain(proc: subprocess.CompletedProcess[str], data: Path) -> str:

@@ -221,7 +221,7 @@ def test_bad_records_go_to_dead_letters_and_user_errors_name_the_record(spark, m
     stop_executor(ex, client)
 
 
-@pytest.mark.parametrize("write_path", ["image", "merge"])
+@pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])  # merge: slow suite (time)
 def test_a_record_without_key_goes_to_dead_letters(spark, migrated_store, zk_config, write_path) -> None:  # type: ignore[no-untyped-def]
     """A frame embedded by the user may carry a null key: the record is a dead letter, not dropped."""
     from executor_util import ByRecordKey, J

@@ -19,12 +19,14 @@ import time
 
 import pytest
 from continuous_pipeline import click_rows, closing_rows, expected, make, outputs, write_file
+from deltawheel.executor.drivers import sharing
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.zk.client import connect as make_client
 from deltawheel.statestore.zk.handover import clear_handover, request_handover
 from deltawheel.statestore.zk.lease_tools import list_leases
 from deltawheel.statestore.zk.leases import LeaseManager
+from deltawheel.statestore.zk.members import Membership
 from test_continuous import wait_for
 
 import deltawheel
@@ -79,4 +81,58 @@ def test_after_a_tool_a_shared_instance_takes_its_free_intervals_and_not_one_tak
             run.stop()
     finally:
         other.close()
+        client.stop()
+
+
+@pytest.mark.timeout(900)
+def test_two_instances_started_together_take_their_shares_without_waiting_for_each_other(  # type: ignore[no-untyped-def]
+        spark, zk_config: ZkConfig, tmp_path, monkeypatch) -> None:
+    """Instances started at once: ``a`` finds every interval free while it is alone, then ``b`` joins
+    and takes its share before ``a`` acquires. ``a`` looks at the target again and takes its own
+    share at once, not after waiting its ``--wait`` for ``b``'s (found by a chaos run: instance
+    ``a`` waited 900 s for intervals ``b`` held, and the run never committed).
+
+    The test is instance ``b``: it joins the members and takes its share right after ``a``'s first
+    look, then leaves; ``a`` then holds every interval and each row is in its stream once."""
+    clicks = click_rows(120)
+    folder, store = tmp_path / "input", tmp_path / "store"
+    write_file(folder, "part-0.parquet", clicks)
+    layout = StoreLayout(str(store))
+    client = make_client(zk_config)
+    b_client = make_client(zk_config)
+    b = LeaseManager(b_client, pipeline="clicks", owner=f"{socket.gethostname()}:b", instance="b")
+    b_member = Membership(b_client, pipeline="clicks", instance="b")
+    first_look = sharing.Sharing.wanted
+    came: list[bool] = []
+
+    def b_comes_between(self, comp):  # type: ignore[no-untyped-def]
+        seen = first_look(self, comp)
+        if comp.name == "user_minutes" and not came:
+            came.append(True)
+            b_member.join()
+            b.acquire("user_minutes", [2, 3])
+        return seen
+
+    monkeypatch.setattr(sharing.Sharing, "wanted", b_comes_between)
+    try:
+        with deltawheel.connect(spark, store=str(store), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+                                pipeline="clicks", instance="a", wait_s=120) as engine:
+            t0 = time.monotonic()
+            run = engine.start_pipeline(make(str(folder)), trigger="200 milliseconds")
+            assert time.monotonic() - t0 < 60  # not the 120 s of its wait
+            assert _held(client, "a") == [0, 1] and _held(client, "b") == [2, 3]
+            b_member.leave()
+            b.release()
+            wait_for("a holds every interval", lambda: _held(client, "a") == [0, 1, 2, 3], runs=(run,),
+                     timeout_s=300)
+            write_file(folder, "part-1.parquet", closing_rows(clicks))
+            want_users, want_totals = expected(clicks)
+            wait_for("both streams hold every row", lambda: len(outputs(spark, layout)[1]) >= len(want_totals),
+                     runs=(run,), timeout_s=300)
+            time.sleep(2.0)  # a duplicate would land by now
+            assert outputs(spark, layout) == (want_users, want_totals)
+            run.stop()
+    finally:
+        b.close()
+        b_client.stop()
         client.stop()

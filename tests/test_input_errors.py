@@ -70,7 +70,7 @@ def _counts(spark: Any, store: str) -> dict[str, int]:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("write_path", ["image", "merge"])
+@pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])  # merge: slow suite (time)
 def test_a_parquet_file_with_a_column_of_another_type_is_a_typed_error_naming_file_and_column(  # type: ignore[no-untyped-def]
         spark, migrated_store, zk_config, tmp_path, write_path) -> None:
     import pyarrow as pa

@@ -95,7 +95,8 @@ def store(spark: Any, tmp_path_factory: pytest.TempPathFactory, migrated_templat
     return layout
 
 
-@pytest.mark.parametrize(("comp", "path"), [(KeyedImage(), "image"), (KeyedMerge(), "merge")], ids=["image", "merge"])
+@pytest.mark.parametrize(("comp", "path"), [pytest.param(KeyedImage(), "image", id="image"),
+                                            pytest.param(KeyedMerge(), "merge", id="merge", marks=pytest.mark.slow)])
 def test_every_key_extractor_form_keys_a_spark_batch(spark: Any, store: StoreLayout, zk_config: Any,
                                                      comp: KeyedCounter, path: str) -> None:
     ex, client = start_executor(spark, store, zk_config, comp, write_path=path)

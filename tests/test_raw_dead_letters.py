@@ -94,8 +94,8 @@ def positions() -> dict[str, tuple[str, str | None, str | None]]:
             for i, x in enumerate(LINES)}
 
 
-@pytest.mark.parametrize(("comp", "path"), [(CounterImage(), "image"), (CounterMerge(), "merge")],
-                         ids=["image", "merge"])
+@pytest.mark.parametrize(("comp", "path"), [pytest.param(CounterImage(), "image", id="image"),
+                                            pytest.param(CounterMerge(), "merge", id="merge", marks=pytest.mark.slow)])
 def test_every_dead_letter_of_a_json_line_keeps_the_line(spark: Any, store: StoreLayout, zk_config: Any,
                                                          folder: Path, tmp_path: Path, comp: Counter,
                                                          path: str) -> None:

@@ -50,7 +50,7 @@ def _undelivered(statuses) -> int:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("write_path", ["image", "merge"])
+@pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])  # merge: slow suite (time)
 def test_recover_delivers_the_checkpoints_of_a_dead_pipeline_once(spark, migrated_store, zk_config,
                                                                    write_path) -> None:  # type: ignore[no-untyped-def]
     _crashed_after_commit(spark, migrated_store, zk_config, write_path)

@@ -408,7 +408,7 @@ def _spark_jobs(spark: Any) -> dict[int, str]:
     return out
 
 
-@pytest.mark.parametrize("write_path", ["image", "merge"])
+@pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])  # merge: slow suite (time)
 def test_a_users_streaming_query_listener_receives_deltawheels_figures(spark, migrated_store, zk_config, tmp_path,
                                                                         write_path) -> None:  # type: ignore[no-untyped-def]
     """As docs/watching.md shows: observe_input on the streaming frame, the executor in foreachBatch,

@@ -59,7 +59,7 @@ class ChaosSettings:
     moves_per_file: int = 20
     mean_gap_s: float = 5.0
     bound_s: float = 600.0  # a stream must commit this soon after each heal
-    start_s: float = 900.0  # for both drivers' first commits (and a driver back after a fault)
+    start_s: float = 300.0  # for both drivers' first commits (and a driver back after a fault)
     drain_s: float = 900.0
     tool_timeout_s: float = 900.0  # a tool still running then is killed (its exit code -9)
     master: str = "local[1]"

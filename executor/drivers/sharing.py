@@ -18,7 +18,10 @@ from .inputs import event_bounds
 from .pipeline import MoveTiming, Pipeline
 from .wiring import Wiring, injector_hook
 
-__all__ = ["Sharing"]
+__all__ = ["Sharing", "LOOK_AGAIN_S"]
+
+#: How long a starting instance waits for a lease of its share before it looks at the target again.
+LOOK_AGAIN_S = 10.0
 
 
 class Sharing:
@@ -61,12 +64,32 @@ class Sharing:
 
     def start(self, comp: Computation, checkpoint: str, *, wait_s: float,
               caps: Mapping[str, int | None], hold: int | None) -> ComputationExecutor | None:
-        """The executor of ``comp`` on this instance's free share of the target (None: none free)."""
-        _, free = self.wanted(comp)
-        if not free:
-            self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
-            return None
-        return self._executor(comp, checkpoint, sorted(free), wait_s=wait_s, caps=caps, hold=hold)
+        """The executor of ``comp`` on this instance's free share of the target (None: none free).
+
+        Instances started together may each find an interval free before the other takes it: a
+        share still held by another instance after :data:`LOOK_AGAIN_S` is looked at again (the
+        target then counts both), not waited for up to ``wait_s``; its own dead predecessor's
+        leases are waited for up to ``wait_s``.
+
+        Raises:
+            LeaseHeldError: an interval of its share is still held by another owner after ``wait_s``.
+        """
+        deadline = time.monotonic() + wait_s
+        while True:
+            _, free = self.wanted(comp)
+            if not free:
+                self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
+                return None
+            t0 = time.monotonic()
+            left = deadline - t0
+            try:
+                return self._executor(comp, checkpoint, sorted(free), wait_s=max(0.0, min(left, LOOK_AGAIN_S)),
+                                      caps=caps, hold=hold)
+            except LeaseHeldError as exc:
+                if left <= LOOK_AGAIN_S:
+                    raise
+                self.progress(f"{comp.name}: intervals {sorted(free)} not all free ({exc}); looking at the target again")
+                time.sleep(max(0.0, t0 + LOOK_AGAIN_S - time.monotonic()))  # (a refusal that came at once)
 
     def retake(self, comp: Computation, checkpoint: str, *, caps: Mapping[str, int | None],
                hold: int | None) -> ComputationExecutor | None:

@@ -47,6 +47,29 @@ def test_a_seed_replays_its_schedule_and_one_target_has_one_fault_at_a_time(seed
     assert all(f.target in INSTANCES for f in faults if f.kind.startswith("driver") or f.kind == "session-expiry")
 
 
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(1, 10**6), seconds=st.sampled_from(["60", "90.5", "3600"]),
+       gap=st.sampled_from([None, "5", "20", "2.5"]), tmpfs=st.sampled_from([None, "0", "64"]),
+       kinds=st.lists(st.sampled_from(sorted(KINDS)), unique=True, max_size=3), s3=st.booleans())
+def test_the_printed_replay_command_draws_the_same_schedule(seed: int, seconds: str, gap: str | None,
+                                                           tmpfs: str | None, kinds: list[str], s3: bool) -> None:
+    """What a user copies from a run's first line gives the options that shape the schedule again."""
+    from deltawheel.executor.cli import build_parser
+    from deltawheel.executor.cli.chaos import replay_command
+
+    argv = ["chaos", "--data", "somewhere", "--seed", str(seed), "--seconds", seconds]
+    argv += ["--mean-gap", gap] * (gap is not None) + ["--store-tmpfs-mb", tmpfs] * (tmpfs is not None)
+    argv += ["--kinds", ",".join(kinds)] * bool(kinds) + ["--object-store"] * s3
+    first = build_parser().parse_args(argv)
+    line = replay_command(first, seed)
+    assert line.startswith("deltawheel chaos ")
+    again = build_parser().parse_args(line.split()[1:])
+    shaping = ("seed", "seconds", "mean_gap", "store_tmpfs_mb", "kinds", "object_store")
+    assert [getattr(again, k) for k in shaping] == [getattr(first, k) for k in shaping], line
+    assert plan(seed, again.seconds, mean_gap_s=again.mean_gap, kinds=tuple(kinds) or tuple(KINDS)) == \
+        plan(seed, first.seconds, mean_gap_s=first.mean_gap, kinds=tuple(kinds) or tuple(KINDS))
+
+
 def test_long_schedules_draw_every_kind_and_seeds_differ() -> None:
     assert {f.kind for f in plan(SEED, 600)} == set(KINDS)
     assert plan(SEED, 600) != plan(SEED + 1, 600)

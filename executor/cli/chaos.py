@@ -6,7 +6,10 @@ import argparse
 import random
 from pathlib import Path
 
-__all__ = ["register"]
+__all__ = ["register", "replay_command"]
+
+MEAN_GAP_S = 5.0
+TMPFS_MB = 128
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -21,10 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--data", default=str(Path("data") / "chaos"),
                    help="the run's folder: input, store, ZooKeeper, logs, faults.json (default data/chaos; "
                         "emptied first if it holds an earlier chaos run)")
-    p.add_argument("--mean-gap", type=float, default=5.0, help="mean seconds between fault starts (default 5)")
+    p.add_argument("--mean-gap", type=float, default=MEAN_GAP_S, help="mean seconds between fault starts (default 5)")
     p.add_argument("--bound", type=float, default=600.0,
                    help="seconds within which every stream must commit after a fault heals (default 600: a driver started again on a busy machine takes minutes before its first batch)")
-    p.add_argument("--store-tmpfs-mb", type=int, default=128,
+    p.add_argument("--store-tmpfs-mb", type=int, default=TMPFS_MB,
                    help="size of the tmpfs mounted over the store for the disk-full faults (root only; default 128; "
                         "0: no tmpfs, no disk-full fault)")
     p.add_argument("--kinds", default="",
@@ -36,6 +39,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         "S3Proxy's data)")
     p.add_argument("--recheck", action="store_true", help="check the finished run in --data again, run nothing")
     p.set_defaults(func=_chaos)
+
+
+def replay_command(args: argparse.Namespace, seed: int) -> str:
+    """The command that replays this run's input and fault schedule: its seed and every option that
+    shapes the schedule (``--data`` and ``--bound`` do not)."""
+    line = f"deltawheel chaos --seed {seed} --seconds {args.seconds:g}"
+    if args.mean_gap != MEAN_GAP_S:
+        line += f" --mean-gap {args.mean_gap:g}"
+    if args.store_tmpfs_mb != TMPFS_MB:  # 0: no disk-full among the kinds
+        line += f" --store-tmpfs-mb {args.store_tmpfs_mb}"
+    return line + f" --kinds {args.kinds}" * bool(args.kinds) + " --object-store" * args.object_store
 
 
 def _chaos(args: argparse.Namespace) -> int:
@@ -51,8 +65,7 @@ def _chaos(args: argparse.Namespace) -> int:
                     drained=bool(saved.get("drained")), skipped=skipped, left_out=saved.get("left_out", "")))
         return 0 if result.ok else 1
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
-    again = f" --kinds {args.kinds}" * bool(args.kinds) + " --object-store" * args.object_store
-    print(f"chaos seed {seed} (replay: deltawheel chaos --seed {seed} --seconds {args.seconds:g}{again})", flush=True)
+    print(f"chaos seed {seed} (replay: {replay_command(args, seed)})", flush=True)
     settings = ChaosSettings(seed=seed, seconds=args.seconds, data=data, mean_gap_s=args.mean_gap,
                              bound_s=args.bound, store_tmpfs_mb=args.store_tmpfs_mb, object_store=args.object_store,
                              kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))

@@ -44,12 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def replay_command(args: argparse.Namespace, seed: int) -> str:
     """The command that replays this run's input and fault schedule: its seed and every option that
     shapes the schedule (``--data`` and ``--bound`` do not)."""
-    line = f"deltawheel chaos --seed {seed} --seconds {args.seconds:g}"
+    line: str = f"deltawheel chaos --seed {seed} --seconds {args.seconds:g}"
     if args.mean_gap != MEAN_GAP_S:
         line += f" --mean-gap {args.mean_gap:g}"
     if args.store_tmpfs_mb != TMPFS_MB:  # 0: no disk-full among the kinds
         line += f" --store-tmpfs-mb {args.store_tmpfs_mb}"
-    return line + f" --kinds {args.kinds}" * bool(args.kinds) + " --object-store" * args.object_store
+    line += f" --kinds {args.kinds}" * bool(args.kinds)
+    return line + " --object-store" * bool(args.object_store)
 
 
 def _chaos(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.rowtable.fencing import is_conflict
+from deltawheel.statestore.rowtable.fencing import on_conflict_again
 from deltawheel.statestore.writepath.streams import list_streams
 
 from .exceptions import ReplayHorizonError, RetentionError, VacuumRetentionError
@@ -161,7 +161,7 @@ class _Run:
         cutoff = self.now_ms - ms
         n = self.spark.read.format("delta").load(path).where(F.col("recorded_ms") < cutoff).count()
         if self.apply and n:
-            self.spark.sql(f"DELETE FROM delta.`{path}` WHERE recorded_ms < {int(cutoff)}")
+            on_conflict_again(lambda: self.spark.sql(f"DELETE FROM delta.`{path}` WHERE recorded_ms < {int(cutoff)}"))
         what = "rows" if pass_name == "metrics_retention" else "records"
         self.actions.append(GcAction(pass_name, name, f"{n} {what} recorded before {_utc(cutoff)} "
                                      f"({ms / 3_600_000:g} h ago)", n))
@@ -325,15 +325,9 @@ def _rerecord_paths(spark: Any, path: str, *, apply: bool) -> int:
     return len(odd)
 
 
-def _optimize(spark: Any, path: str, *, attempts: int = 3) -> None:
+def _optimize(spark: Any, path: str) -> None:
     """``OPTIMIZE`` the table, again when a concurrent commit made Delta refuse it."""
-    for attempt in range(attempts):
-        try:
-            spark.sql(f"OPTIMIZE delta.`{path}`")
-            return
-        except Exception as exc:
-            if attempt == attempts - 1 or not is_conflict(exc):
-                raise
+    on_conflict_again(lambda: spark.sql(f"OPTIMIZE delta.`{path}`"))
 
 
 def _utc(ms: int) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rowtable.fencing import on_conflict_again
 
 __all__ = ["StreamRetention", "stream_retention"]
 
@@ -54,8 +55,8 @@ def stream_retention(spark: Any, layout: StoreLayout, path: str, *, stream: str,
         view = f"dw_gc_retention_{next(_views)}"
         doomed.createOrReplaceTempView(view)
         try:
-            spark.sql(f"MERGE INTO delta.`{path}` t USING {view} s ON t.record_id = s.record_id "
-                      "WHEN MATCHED THEN DELETE")
+            on_conflict_again(lambda: spark.sql(f"MERGE INTO delta.`{path}` t USING {view} s "
+                                                "ON t.record_id = s.record_id WHEN MATCHED THEN DELETE"))
         finally:
             spark.catalog.dropTempView(view)
     return StreamRetention(removed=int(removed), held=int(held))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import pytest
 from deltawheel.gc.passes import run_gc
 from deltawheel.statestore.writepath.streams import ensure_stream_table, stream_schema_ddl
@@ -251,3 +253,30 @@ def test_a_commit_conflict_is_told_apart_from_other_failures() -> None:
                                     "attempted to read one or more files that were deleted"))
     assert is_conflict(RuntimeError("[DELTA_CONCURRENT_APPEND] Files were added"))
     assert not is_conflict(RuntimeError("java.io.FileNotFoundException: part-0001.parquet"))
+
+
+def test_a_maintenance_write_losing_to_batches_tries_again_and_any_other_failure_is_raised_at_once() -> None:
+    """gc's OPTIMIZE, deletes and retention MERGE beside a running pipeline: a write refused for a
+    concurrent commit runs again (with a growing wait) until it lands or its attempts are spent."""
+    from deltawheel.statestore.rowtable.fencing import on_conflict_again
+
+    calls: list[int] = []
+
+    def loses(times: int, error: str) -> Callable[[], int]:
+        def write() -> int:
+            calls.append(1)
+            if len(calls) <= times:
+                raise RuntimeError(error)
+            return len(calls)
+        return write
+
+    conflict = "io.delta.exceptions.ConcurrentDeleteReadException: files were deleted"
+    assert on_conflict_again(loses(4, conflict), first_wait_s=0.001) == 5
+    calls.clear()
+    with pytest.raises(RuntimeError, match="ConcurrentDeleteRead"):
+        on_conflict_again(loses(99, conflict), attempts=3, first_wait_s=0.001)
+    assert len(calls) == 3
+    calls.clear()
+    with pytest.raises(RuntimeError, match="FileNotFound"):
+        on_conflict_again(loses(99, "java.io.FileNotFoundException: part-0001.parquet"), first_wait_s=0.001)
+    assert len(calls) == 1

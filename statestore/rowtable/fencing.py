@@ -15,12 +15,13 @@ Either way the stale commit *fails*; callers deliver nothing from a commit that 
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping
+import time
+from typing import Callable, Iterable, Mapping, TypeVar
 
 from ..exceptions import CommitConflictError, StaleSequencerError
 from .inputfiles import union_sql
 
-__all__ = ["STALE_MARKER", "REPLACE_FILES_OP", "merge_sql", "translate_commit_error", "is_conflict"]
+__all__ = ["STALE_MARKER", "REPLACE_FILES_OP", "merge_sql", "translate_commit_error", "is_conflict", "on_conflict_again"]
 
 STALE_MARKER = "DELTAWHEEL_STALE_SEQUENCER"
 REPLACE_FILES_OP = "replace_files"  # a fence row whose input-file set replaces the stored one
@@ -40,6 +41,23 @@ _COLUMNS = (
 def is_conflict(exc: BaseException) -> bool:
     """``exc`` is Delta's refusal of a commit that lost to a concurrent one (re-planning may win)."""
     return _CONFLICT.search(f"{type(exc).__name__}: {exc}") is not None
+
+
+_T = TypeVar("_T")
+
+
+def on_conflict_again(write: Callable[[], _T], *, attempts: int = 6, first_wait_s: float = 0.2) -> _T:
+    """``write()``, again (after 0.2, 0.4, 0.8 ... s) while Delta refuses it for a concurrent commit:
+    a maintenance write (gc's OPTIMIZE and deletes) that loses to a running pipeline's batches tries
+    again rather than failing. The last attempt's refusal is raised."""
+    for attempt in range(attempts):
+        try:
+            return write()
+        except Exception as exc:
+            if attempt == attempts - 1 or not is_conflict(exc):
+                raise
+            time.sleep(first_wait_s * 2 ** attempt)
+    raise AssertionError("unreachable")
 
 
 def merge_sql(table_path: str, source_view: str, *, computation: str, intervals: Iterable[int]) -> str:

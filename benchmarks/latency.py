@@ -292,7 +292,7 @@ def _save_records(path: Path, schedule: Schedule, arrival: np.ndarray, commits: 
 def _machine(spark: Any) -> dict[str, Any]:
     from .throughput import _machine_info
 
-    info = _machine_info(spark)
+    info = _machine_info(str(spark.version))
     repo = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,

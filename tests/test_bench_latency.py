@@ -184,6 +184,7 @@ def test_a_short_run_of_deltawheel_and_the_floor_is_exactly_once(spark, zk_serve
                          prewarm_s=0, progress_every_s=2, drain_timeout_s=120, zk=zk_server.hosts, keys=500)
     lines: list[str] = []
     report = run_latency(st, spark=spark, progress=lines.append)
+    assert report["machine"]["spark"] == spark.version  # the version, as bench throughput writes it
     saved = json.loads((tmp_path / "out" / "latency.json").read_text())
     assert (tmp_path / "out" / "latency.png").stat().st_size > 0
     assert set(saved["engines"]) == {"deltawheel", "floor"}

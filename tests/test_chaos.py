@@ -521,7 +521,7 @@ def test_net_cut_named_without_toxiproxy_is_refused_saying_why_and_starts_nothin
     assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     assert "the fault kind net-cut needs Toxiproxy, which is unavailable: building Toxiproxy failed" in proc.stderr, \
         proc.stderr
-    assert "or leave net-cut out of --kinds" in proc.stderr
+    assert "or leave net-cut out of --kinds" in proc.stderr and "GOPROXY=off" in proc.stderr  # Go's own reason
     assert not (tmp_path / "chaos").exists()
 
 
@@ -542,7 +542,8 @@ def test_without_toxiproxy_every_kind_leaves_net_cut_out_saying_why(tmp_path: Pa
     finally:
         h.stop()
     assert h.netcut is None and "net-cut" not in h.run.kinds and "driver-kill" in h.run.kinds
-    assert h.run.left_out["net-cut"].startswith("building Toxiproxy failed"), h.run.left_out
+    assert h.run.left_out["net-cut"].startswith("building Toxiproxy failed") and \
+        "GOPROXY=off" in h.run.left_out["net-cut"], h.run.left_out
     assert f"chaos: net-cut left out of the schedule: {h.run.left_out['net-cut']}" in said, said
     lines = table(1, CheckResult(), left_out=h.run.left_out).splitlines()
     assert f"net-cut left out: {h.run.left_out['net-cut']}" in lines and any(

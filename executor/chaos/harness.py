@@ -168,7 +168,7 @@ class _Harness:
                          f"(a: {self.netcut.hosts('a')}; b: {self.netcut.hosts('b')})")
                 return None
             except ObjectStoreServerError as exc:
-                self.netcut, reason = None, str(exc).splitlines()[0][:300]
+                self.netcut, reason = None, " ".join(str(exc).split())[:300]
         if "net-cut" in self.s.kinds:
             raise ConfigError(f"chaos: the fault kind net-cut needs Toxiproxy, which did not start: {reason}")
         return reason

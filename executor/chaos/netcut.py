@@ -26,7 +26,7 @@ def toxiproxy_missing() -> str | None:
     try:
         ensure_toxiproxy(quiet=True)
     except ObjectStoreServerError as exc:
-        return str(exc).splitlines()[0][:300]
+        return " ".join(str(exc).split())[:300]
     return None
 
 

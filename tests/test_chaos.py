@@ -554,13 +554,15 @@ def test_without_toxiproxy_every_kind_leaves_net_cut_out_saying_why(tmp_path: Pa
 @pytest.mark.timeout(300)
 def test_a_cut_driver_loses_zookeeper_its_session_expires_and_it_reconnects_after(tmp_path: Path) -> None:
     """The harness's own Toxiproxy and proxies (``--kinds net-cut``) before a real ensemble of
-    three: a kazoo client on driver ``a``'s ``--zk`` loses its connection when ``a`` is cut, its
-    session expires past the timeout (its ephemeral node goes, as a tool on the direct addresses
-    sees), while ``b``'s client and the tools' addresses go on; after the restore ``a``'s client
-    connects again with a new session."""
+    three: a kazoo client on driver ``a``'s ``--zk``, a member of the chaos pipeline as a driver is,
+    loses its connection when ``a`` is cut and its session expires past the timeout (the harness,
+    on the direct addresses, sees its membership gone), while ``b``'s client and the tools'
+    addresses go on; after the restore ``a``'s client connects again with a new session."""
     import time
 
-    from deltawheel.executor.chaos.harness import ChaosSettings, _Harness
+    from deltawheel.executor.chaos.bank import PIPELINE
+    from deltawheel.executor.chaos.harness import CHROOT, ChaosSettings, _Harness
+    from deltawheel.executor.chaos.netcut import member_session
     from kazoo.client import KazooClient, KazooState
 
     def until(what: str, check: Any, timeout_s: float = 120.0) -> None:
@@ -571,6 +573,7 @@ def test_a_cut_driver_loses_zookeeper_its_session_expires_and_it_reconnects_afte
 
     h = _Harness(ChaosSettings(seed=1, data=tmp_path / "chaos", store_tmpfs_mb=0, kinds=("net-cut",)), print)
     clients: list[KazooClient] = []
+    member = f"/pipelines/{PIPELINE}/members/a"
     try:
         h.prepare()
         h.ensemble.start()
@@ -578,23 +581,26 @@ def test_a_cut_driver_loses_zookeeper_its_session_expires_and_it_reconnects_afte
         zk = {name: h.zk_args(name)[1] for name in INSTANCES}
         assert h.zk_args()[1] == h.ensemble.hosts and len(set(zk.values()) | {h.ensemble.hosts}) == 3
         assert all(len(hosts.split(",")) == 3 for hosts in zk.values())
-        a, b, tool = (KazooClient(hosts=hosts, timeout=4.0) for hosts in (zk["a"], zk["b"], h.ensemble.hosts))
-        clients += [a, b, tool]
+        assert member_session(h.ensemble.hosts, CHROOT, "a") is None  # not a member yet (the chroot made)
+        tool = KazooClient(hosts=h.ensemble.hosts + CHROOT)
+        a, b = (KazooClient(hosts=zk[name] + CHROOT, timeout=4.0) for name in ("a", "b"))
+        clients += [tool, a, b]
         states: list[str] = []
         a.add_listener(states.append)
         for c in clients:
             c.start(timeout=30)
-        a.create("/a-alive", ephemeral=True)
-        session = a.client_id
+        a.create(member, ephemeral=True, makepath=True)
+        session = a.client_id[0]
+        assert member_session(h.ensemble.hosts, CHROOT, "a") == session
         assert h.netcut.cut("a") == ["a-zk1", "a-zk2", "a-zk3"]
         until("connection loss of a", lambda: KazooState.SUSPENDED in states, 30)
-        until("expiry of a's session", lambda: tool.exists("/a-alive") is None)
-        assert b.exists("/") is not None and not a.connected  # b is not cut; a still is
+        until("expiry of a's session", lambda: member_session(h.ensemble.hosts, CHROOT, "a") is None)
+        assert b.exists("/") is not None and tool.exists("/") is not None and not a.connected  # only a is cut
         h.netcut.restore("a")
-        until("a's new session", lambda: a.connected and a.client_id not in (None, session))
+        until("a's new session", lambda: a.connected and a.client_id is not None and a.client_id[0] != session)
         assert KazooState.LOST in states
-        a.create("/a-back", ephemeral=True)
-        assert tool.exists("/a-back") is not None
+        a.create(member, ephemeral=True)
+        assert member_session(h.ensemble.hosts, CHROOT, "a") == a.client_id[0] != session
     finally:
         for c in clients:
             c.stop()

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from deltawheel.statestore.exceptions import ConfigError, ObjectStoreServerError
+from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.objectstore.s3a import ENV_ENDPOINT
 from deltawheel.statestore.process import DIE_WITH_ENV, die_with
 
@@ -38,9 +38,9 @@ from .checker import CheckResult, FaultRecord, check_run, complete, stream_commi
 from .disk import StoreDisk, unmount_stale
 from .driver import Driver
 from .faults import INSTANCES, KINDS, PlannedFault, plan
-from .netcut import NetCut, toxiproxy_missing
+from .netcut import NetCut, member_session, start_net_cut, toxiproxy_missing
 from .objectstore import ChaosObjectStore
-from .record import DriverExit, exit_violations
+from .record import DriverExit, exit_violations, exits_note
 from .tools import tool_fault
 from .workers import python_workers
 
@@ -157,21 +157,17 @@ class _Harness:
 
         Raises:
             ConfigError: ``net-cut`` named in the kinds, and Toxiproxy did not start."""
-        reason = toxiproxy_missing()
-        if reason is None:
-            server = self.s3.server if self.s3 is not None else None
-            self.netcut = NetCut(self.data / "toxiproxy", zk=[s.hosts for s in self.ensemble.servers],
-                                 s3=f"{server.host}:{server.port}" if server is not None else None)
-            try:
-                self.netcut.start(INSTANCES)
-                self.say(f"chaos: the drivers reach ZooKeeper{' and S3Proxy' * bool(server)} through Toxiproxy "
-                         f"(a: {self.netcut.hosts('a')}; b: {self.netcut.hosts('b')})")
-                return None
-            except ObjectStoreServerError as exc:
-                self.netcut, reason = None, " ".join(str(exc).split())[:300]
-        if "net-cut" in self.s.kinds:
-            raise ConfigError(f"chaos: the fault kind net-cut needs Toxiproxy, which did not start: {reason}")
-        return reason
+        server = self.s3.server if self.s3 is not None else None
+        got = start_net_cut(self.data / "toxiproxy", zk=[s.hosts for s in self.ensemble.servers],
+                            s3=f"{server.host}:{server.port}" if server is not None else None)
+        if isinstance(got, str):
+            if "net-cut" in self.s.kinds:
+                raise ConfigError(f"chaos: the fault kind net-cut needs Toxiproxy, which did not start: {got}")
+            return got
+        self.netcut = got
+        self.say(f"chaos: the drivers reach ZooKeeper{' and S3Proxy' * bool(server)} through Toxiproxy "
+                 f"(a: {got.hosts('a')}; b: {got.hosts('b')})")
+        return None
 
     def cli(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "deltawheel.executor.cli", *args]
@@ -301,25 +297,20 @@ class _Harness:
         with open(d.log, "rb") as log:
             log.seek(log_at)
             after = log.read().decode(errors="replace").splitlines()
-        note = f"pid {w.pid} ({w.role}, 1 of {len(workers)} Python processes); " + self.exits_since(d, exits_before,
-                                                                                                      f.duration_s)
+        with self.lock:
+            note = f"pid {w.pid} ({w.role}, 1 of {len(workers)} Python processes); " + exits_note(
+                self.run.exits[exits_before:], d.name, f.duration_s)
         seen = [ln.strip() for ln in after if any(m in ln for m in WORKER_SIGNS)]
         return heal, note + (f"; its log: {seen[0][:200]}" if seen else "")
 
-    def exits_since(self, d: Driver, before: int, watched_s: float) -> str:
-        """What driver ``d`` did since the run's ``before``-th exit: its exits, or that it ran on."""
-        with self.lock:
-            exits = [e for e in self.run.exits[before:] if e.driver == d.name]
-        if exits:
-            return "the driver exited " + ", ".join(f"with {e.code} ({e.error[:160]})" for e in exits)
-        return f"the driver ran on for {watched_s:.0f}s"
-
     def net_cut(self, f: PlannedFault, d: Driver) -> tuple[float, str]:
-        """Cut driver ``d``'s network (its proxies disabled) for the fault's duration, restore it, and
-        watch it for the session timeout (cut past its session, it finds its leases lost and stops)."""
+        """Cut driver ``d``'s network (its proxies disabled) for the fault's duration and restore it;
+        watch it for the session timeout, and if its session expired (its member znode gone or of
+        another session), until it stopped (on its lost leases) and was started again."""
         assert self.netcut is not None
         with self.lock:
-            exits_before = len(self.run.exits)
+            exits_before, starts = len(self.run.exits), d.starts
+        session, begin = member_session(self.ensemble.hosts, CHROOT, d.name), time.time()
         names = self.netcut.cut(d.name)
         try:
             self.stopping.wait(f.duration_s)
@@ -327,8 +318,14 @@ class _Harness:
             self.netcut.restore(d.name)
         heal = time.time()
         self.stopping.wait(self.s.session_timeout_s)
-        return heal, f"{len(names)} proxies cut ({', '.join(names)}); " + self.exits_since(
-            d, exits_before, f.duration_s + self.s.session_timeout_s)
+        expired = session is not None and member_session(self.ensemble.hosts, CHROOT, d.name) != session
+        deadline = time.monotonic() + self.s.start_s
+        while expired and d.starts == starts and time.monotonic() < deadline and not self.stopping.wait(1.0):
+            pass
+        said = "unknown (no member znode before the cut)" if session is None else ("expired" if expired else "held")
+        with self.lock:
+            return heal, f"{len(names)} proxies cut ({', '.join(names)}); its session {said}; " + exits_note(
+                self.run.exits[exits_before:], d.name, time.time() - begin)
 
     def other_fault(self, f: PlannedFault) -> tuple[str, str]:
         """A ZooKeeper server's or S3Proxy's kill and restart, the store's disk filled and freed, or

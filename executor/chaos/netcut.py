@@ -5,19 +5,26 @@ Each driver gets one proxy per ZooKeeper server (``a-zk1``, ...) and, on an obje
 to S3Proxy (``a-s3``); its ``--zk`` connection string and S3 endpoint name its own proxies, the
 tools keep the direct addresses. A cut disables every proxy of one driver (Toxiproxy drops their
 connections and refuses new ones) and a restore enables them. The store's local folder is not cut:
-a driver cut past its session timeout is a partitioned zombie that fencing must stop.
+a driver cut past its session timeout is a partitioned zombie that fencing must stop. Whether its
+session expired, the harness reads on the direct addresses (:func:`member_session`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from deltawheel.statestore.exceptions import ObjectStoreServerError
+from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.exceptions import ObjectStoreServerError, ZooKeeperServerError
 from deltawheel.statestore.process import free_ports
+from deltawheel.statestore.zk import members
+from deltawheel.statestore.zk.client import connect
+from kazoo.exceptions import KazooException
 
 from ..servers.toxiproxy import ToxiproxyServer, ensure_toxiproxy
+from .bank import PIPELINE
+from .faults import INSTANCES
 
-__all__ = ["NetCut", "toxiproxy_missing"]
+__all__ = ["NetCut", "member_session", "start_net_cut", "toxiproxy_missing"]
 
 
 def toxiproxy_missing() -> str | None:
@@ -28,6 +35,37 @@ def toxiproxy_missing() -> str | None:
     except ObjectStoreServerError as exc:
         return " ".join(str(exc).split())[:300]
     return None
+
+
+
+def start_net_cut(folder: Path, *, zk: list[str], s3: str | None) -> NetCut | str:
+    """A started :class:`NetCut` with the proxies of every driver of :data:`.faults.INSTANCES`, or
+    why not (Toxiproxy missing, the server or a proxy failed) on one line."""
+    reason = toxiproxy_missing()
+    if reason is not None:
+        return reason
+    cut = NetCut(folder, zk=zk, s3=s3)
+    try:
+        cut.start(INSTANCES)
+    except ObjectStoreServerError as exc:
+        return " ".join(str(exc).split())[:300]
+    return cut
+
+
+def member_session(hosts: str, chroot: str, instance: str) -> int | None:
+    """The id of the session holding ``instance``'s membership of the chaos pipeline, read on
+    ``hosts`` (the direct addresses, not the proxies); None: not a member, or no answer."""
+    try:
+        client = connect(ZkConfig(hosts=hosts, chroot=chroot, session_timeout_s=10.0), timeout_s=15.0)
+    except ZooKeeperServerError:
+        return None
+    try:
+        return members.member_session(client, PIPELINE, instance)
+    except KazooException:
+        return None
+    finally:
+        client.stop()
+        client.close()
 
 
 class NetCut:

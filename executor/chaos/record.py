@@ -12,7 +12,7 @@ from deltawheel.statestore.exceptions import ConfigError
 
 from .checker import CheckResult, FaultRecord, Violation, check_run
 
-__all__ = ["DriverExit", "EXPECTED_EXITS", "UNREACHABLE", "exit_violations", "recheck"]
+__all__ = ["DriverExit", "EXPECTED_EXITS", "UNREACHABLE", "exit_violations", "exits_note", "recheck"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,14 @@ class DriverExit:
     code: int
     at: float
     error: str
+
+
+def exits_note(exits: list[DriverExit], driver: str, watched_s: float) -> str:
+    """What ``driver`` did while a fault's watch of ``watched_s`` saw ``exits``: its exits, or that it ran on."""
+    mine = [e for e in exits if e.driver == driver]
+    if mine:
+        return "the driver exited " + ", ".join(f"with {e.code} ({e.error[:160]})" for e in mine)
+    return f"the driver ran on for {watched_s:.0f}s"
 
 
 #: The exit codes a driver may stop with under these faults, to be started again: 4 (a lease lost

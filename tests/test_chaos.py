@@ -562,7 +562,7 @@ def test_a_cut_driver_loses_zookeeper_its_session_expires_and_it_reconnects_afte
 
     from deltawheel.executor.chaos.bank import PIPELINE
     from deltawheel.executor.chaos.harness import CHROOT, ChaosSettings, _Harness
-    from deltawheel.executor.chaos.netcut import member_session
+    from deltawheel.executor.chaos.netcut import member_session, session_after
     from kazoo.client import KazooClient, KazooState
 
     def until(what: str, check: Any, timeout_s: float = 120.0) -> None:
@@ -592,10 +592,13 @@ def test_a_cut_driver_loses_zookeeper_its_session_expires_and_it_reconnects_afte
         a.create(member, ephemeral=True, makepath=True)
         session = a.client_id[0]
         assert member_session(h.ensemble.hosts, CHROOT, "a") == session
+        assert session_after(h.ensemble.hosts, CHROOT, "a", session) == "held"
+        assert session_after(h.ensemble.hosts, CHROOT, "a", None).startswith("unknown")
         assert h.netcut.cut("a") == ["a-zk1", "a-zk2", "a-zk3"]
         until("connection loss of a", lambda: KazooState.SUSPENDED in states, 30)
         until("expiry of a's session", lambda: member_session(h.ensemble.hosts, CHROOT, "a") is None)
         assert b.exists("/") is not None and tool.exists("/") is not None and not a.connected  # only a is cut
+        assert session_after(h.ensemble.hosts, CHROOT, "a", session) == "expired"
         h.netcut.restore("a")
         until("a's new session", lambda: a.connected and a.client_id is not None and a.client_id[0] != session)
         assert KazooState.LOST in states

@@ -38,7 +38,7 @@ from .checker import CheckResult, FaultRecord, check_run, complete, stream_commi
 from .disk import StoreDisk, unmount_stale
 from .driver import Driver
 from .faults import INSTANCES, KINDS, PlannedFault, plan
-from .netcut import NetCut, member_session, start_net_cut, toxiproxy_missing
+from .netcut import NetCut, member_session, session_after, start_net_cut, toxiproxy_missing
 from .objectstore import ChaosObjectStore
 from .record import DriverExit, exit_violations, exits_note
 from .tools import tool_fault
@@ -318,11 +318,10 @@ class _Harness:
             self.netcut.restore(d.name)
         heal = time.time()
         self.stopping.wait(self.s.session_timeout_s)
-        expired = session is not None and member_session(self.ensemble.hosts, CHROOT, d.name) != session
+        said = session_after(self.ensemble.hosts, CHROOT, d.name, session)
         deadline = time.monotonic() + self.s.start_s
-        while expired and d.starts == starts and time.monotonic() < deadline and not self.stopping.wait(1.0):
+        while said == "expired" and d.starts == starts and time.monotonic() < deadline and not self.stopping.wait(1):
             pass
-        said = "unknown (no member znode before the cut)" if session is None else ("expired" if expired else "held")
         with self.lock:
             return heal, f"{len(names)} proxies cut ({', '.join(names)}); its session {said}; " + exits_note(
                 self.run.exits[exits_before:], d.name, time.time() - begin)

@@ -24,7 +24,7 @@ from ..servers.toxiproxy import ToxiproxyServer, ensure_toxiproxy
 from .bank import PIPELINE
 from .faults import INSTANCES
 
-__all__ = ["NetCut", "member_session", "start_net_cut", "toxiproxy_missing"]
+__all__ = ["NetCut", "member_session", "session_after", "start_net_cut", "toxiproxy_missing"]
 
 
 def toxiproxy_missing() -> str | None:
@@ -52,20 +52,33 @@ def start_net_cut(folder: Path, *, zk: list[str], s3: str | None) -> NetCut | st
     return cut
 
 
+def _member_session(hosts: str, chroot: str, instance: str) -> int | None:
+    client = connect(ZkConfig(hosts=hosts, chroot=chroot, session_timeout_s=10.0), timeout_s=15.0)
+    try:
+        return members.member_session(client, PIPELINE, instance)
+    finally:
+        client.stop()
+        client.close()
+
+
 def member_session(hosts: str, chroot: str, instance: str) -> int | None:
     """The id of the session holding ``instance``'s membership of the chaos pipeline, read on
     ``hosts`` (the direct addresses, not the proxies); None: not a member, or no answer."""
     try:
-        client = connect(ZkConfig(hosts=hosts, chroot=chroot, session_timeout_s=10.0), timeout_s=15.0)
-    except ZooKeeperServerError:
+        return _member_session(hosts, chroot, instance)
+    except (ZooKeeperServerError, KazooException):
         return None
+
+
+def session_after(hosts: str, chroot: str, instance: str, before: int | None) -> str:
+    """Whether ``instance``'s session of ``before`` (:func:`member_session` before a cut) ``held``
+    or ``expired`` (its member znode gone or another session's), or why that is ``unknown``."""
+    if before is None:
+        return "unknown (no member znode before the cut)"
     try:
-        return members.member_session(client, PIPELINE, instance)
-    except KazooException:
-        return None
-    finally:
-        client.stop()
-        client.close()
+        return "held" if _member_session(hosts, chroot, instance) == before else "expired"
+    except (ZooKeeperServerError, KazooException) as exc:
+        return f"unknown (ZooKeeper did not answer: {type(exc).__name__})"
 
 
 class NetCut:

@@ -633,3 +633,36 @@ def test_a_run_whose_drivers_networks_are_cut_finds_no_violation(tmp_path: Path)
     assert len(cuts) >= 2 and {f["target"] for f in cuts} == set(INSTANCES), saved["faults"]
     assert any(f["heal"] - f["start"] > 6.0 for f in cuts) and all("proxies cut" in f["note"] for f in cuts), cuts
     assert saved["drained"] and "net-cut" in saved["kinds"]
+
+
+@pytest.mark.objectstore
+@pytest.mark.timeout(300)
+def test_on_an_object_store_a_cut_driver_cannot_reach_s3proxy_until_restored(tmp_path: Path) -> None:
+    """``--object-store --kinds net-cut``: each driver's S3 endpoint is its own proxy to the run's
+    S3Proxy (the tools' is the server's); ``a`` cut, its requests are refused while ``b``'s and the
+    tools' are answered; restored, ``a``'s are answered again."""
+    from deltawheel.executor.chaos.harness import ChaosSettings, _Harness
+    from deltawheel.executor.chaos.objectstore import BUCKET
+    from deltawheel.statestore.exceptions import ObjectStoreUnreachableError
+    from deltawheel.statestore.objectstore import s3a
+    from deltawheel.statestore.objectstore.client import S3Client
+
+    h = _Harness(ChaosSettings(seed=1, data=tmp_path / "chaos", store_tmpfs_mb=0, kinds=("net-cut",),
+                               object_store=True), print)
+    try:
+        h.prepare()
+        assert h.netcut is not None and h.s3 is not None
+        urls = {name: h.env(name)[s3a.ENV_ENDPOINT] for name in INSTANCES}
+        assert h.env()[s3a.ENV_ENDPOINT] == h.s3.env[s3a.ENV_ENDPOINT] and len({*urls.values(), h.env()[
+            s3a.ENV_ENDPOINT]}) == 3
+        endpoints = [s3a.endpoint_from_env(h.env(name)) for name in ("a", "b", None)]
+        a, b, tool = (S3Client(ep) for ep in endpoints if ep is not None)
+        assert a.bucket_exists(BUCKET) and b.bucket_exists(BUCKET)
+        assert sorted(h.netcut.cut("a")) == ["a-s3", "a-zk1", "a-zk2", "a-zk3"]
+        with pytest.raises(ObjectStoreUnreachableError):
+            a.bucket_exists(BUCKET)
+        assert b.bucket_exists(BUCKET) and tool.bucket_exists(BUCKET)
+        h.netcut.restore("a")
+        assert a.bucket_exists(BUCKET)
+    finally:
+        h.stop()

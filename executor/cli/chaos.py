@@ -73,7 +73,7 @@ def _chaos(args: argparse.Namespace) -> int:
     settings = ChaosSettings(seed=seed, seconds=args.seconds, data=data, mean_gap_s=args.mean_gap,
                              bound_s=args.bound, store_tmpfs_mb=args.store_tmpfs_mb, object_store=args.object_store,
                              kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))
-    run = run_chaos(settings, say=lambda line: print(line, flush=True))
+    run = run_chaos(settings, say=lambda line: print(line + "\n", end="", flush=True))  # one write: faults' threads print
     assert run.result is not None
     print(table(seed, run.result, tools=run.tools, exits=[(e.driver, e.code, e.error) for e in run.exits],
                 drained=run.drained, skipped=[(f.kind, why) for f, why in run.skipped], left_out=run.left_out))

@@ -339,7 +339,8 @@ def test_an_unknown_fault_kind_is_refused_naming_the_kinds_and_starts_nothing(tm
 @pytest.mark.zk
 def test_a_chaos_run_killed_by_sigkill_leaves_no_process_behind(tmp_path: Path) -> None:
     """A test's timeout SIGKILLs ``deltawheel chaos``: its drivers (each in a session of its own),
-    the ensemble's servers and their children stop with it instead of loading the machine."""
+    the ensemble's servers, Toxiproxy (``net-cut``) and their children stop with it instead of
+    loading the machine."""
     import signal
     import time
 
@@ -350,15 +351,15 @@ def test_a_chaos_run_killed_by_sigkill_leaves_no_process_behind(tmp_path: Path) 
     def left() -> list[psutil.Process]:
         found = []
         for p in psutil.process_iter(["pid", "cmdline"]):
-            try:
-                if any(str(data) in a for a in p.info["cmdline"] or ()):
+            try:  # Toxiproxy's command line names no folder: it runs in its own
+                if any(str(data) in a for a in p.info["cmdline"] or ()) or p.cwd().startswith(str(data)):
                     found.append(p)
             except psutil.Error:
                 continue
         return found
 
     proc = subprocess.Popen([sys.executable, "-m", "deltawheel.executor.cli", "chaos", "--data", str(data),
-                             "--seconds", "600", "--kinds", "status", "--store-tmpfs-mb", "0"],
+                             "--seconds", "600", "--kinds", "status,net-cut", "--store-tmpfs-mb", "0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
@@ -367,6 +368,7 @@ def test_a_chaos_run_killed_by_sigkill_leaves_no_process_behind(tmp_path: Path) 
             time.sleep(0.5)
         assert any("org.apache.zookeeper.server.quorum.QuorumPeerMain" in " ".join(p.info["cmdline"] or ())
                    or "zookeeper" in " ".join(p.info["cmdline"] or ()).lower() for p in left())
+        assert any("toxiproxy-server" in " ".join(p.info["cmdline"] or ()) for p in left())
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -461,3 +463,206 @@ def test_an_object_store_run_survives_s3proxy_killed_twice_and_recheck_reads_its
     planted = _chaos(data, "--recheck", timeout_s=300)
     named = [ln for ln in planted.stdout.splitlines() if "balances: 1 legs more than once" in ln]
     assert planted.returncode == 1 and len(named) == 1 and f"{leg['move']}/{leg['leg']}" in named[0], planted.stdout
+
+
+# --- net-cut: a driver's network to ZooKeeper (and S3Proxy) cut through its Toxiproxy proxies ----
+
+#: The net-cut run's seed and kinds: seed 51's 60-s schedule cuts `a` 2.0 s in for 4.9 s (under the
+#: session timeout of 6 s) and `b` 18.5 s in for 13.3 s (its session expires), then `b` again.
+CUT_SEED = 51
+CUT_KINDS = ("net-cut", "driver-pause", "zk-kill")
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), seconds=st.floats(10, 3_600),
+       others=st.lists(st.sampled_from(sorted(set(KINDS) - {"net-cut"})), unique=True, min_size=1))
+def test_the_schedule_draws_net_cut_only_when_asked_one_per_driver_and_others_unchanged(
+        seed: int, seconds: float, others: list[str]) -> None:
+    """A schedule drawn without ``net-cut`` is the one drawn before the kind existed (the same
+    seed replays the same faults); with it, each cut is one driver's fault, 2-20 s, in the
+    driver's slot: never beside another fault of the same driver."""
+    import deltawheel.executor.chaos.faults as faults
+
+    without = plan(seed, seconds, kinds=others)
+    assert "net-cut" not in {f.kind for f in without}
+    kinds = dict(faults.KINDS)
+    del faults.KINDS["net-cut"]  # the table as it was
+    try:
+        assert plan(seed, seconds, kinds=others) == without
+    finally:
+        faults.KINDS.clear()
+        faults.KINDS.update(kinds)
+    drawn = plan(seed, seconds, kinds={"net-cut", *others})
+    cuts = [f for f in drawn if f.kind == "net-cut"]
+    assert all(f.target in INSTANCES and f.slot == f.target and 2.0 <= f.duration_s <= 20.0 for f in cuts), cuts
+    for driver in INSTANCES:
+        mine = [f for f in drawn if f.target == driver]
+        assert all(a.at + a.duration_s <= b.at for a, b in zip(mine, mine[1:], strict=False)), mine
+
+
+def test_the_net_cut_seed_cuts_both_drivers_once_past_the_session_timeout() -> None:
+    cuts = [f for f in plan(CUT_SEED, 60, kinds=CUT_KINDS) if f.kind == "net-cut"]
+    assert len(cuts) >= 2 and {f.target for f in cuts} == set(INSTANCES), cuts
+    assert any(f.duration_s > 6.0 for f in cuts) and any(f.duration_s < 6.0 for f in cuts), cuts
+
+
+def _no_toxiproxy(env: dict[str, str], home: Path) -> dict[str, str]:
+    """``env`` where Toxiproxy is not built yet and cannot be: an empty home (no binary in its
+    cache, no Go module cache) and Go told to download nothing, so its build fails."""
+    return {**env, "HOME": str(home), "GOMODCACHE": str(home / "go" / "pkg" / "mod"), "GOPROXY": "off",
+            "GOPATH": str(home / "go")}
+
+
+def test_net_cut_named_without_toxiproxy_is_refused_saying_why_and_starts_nothing(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "deltawheel.executor.cli", "chaos", "--data", str(tmp_path / "chaos"),
+           "--seconds", "5", "--kinds", "net-cut,driver-pause"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=_no_toxiproxy(dict(os.environ), tmp_path / "home"))
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert "the fault kind net-cut needs Toxiproxy, which is unavailable: building Toxiproxy failed" in proc.stderr, \
+        proc.stderr
+    assert "or leave net-cut out of --kinds" in proc.stderr and "GOPROXY=off" in proc.stderr  # Go's own reason
+    assert not (tmp_path / "chaos").exists()
+
+
+def test_without_toxiproxy_every_kind_leaves_net_cut_out_saying_why(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of every kind where Toxiproxy cannot be built: ``net-cut`` leaves the schedule with the
+    reason printed and in the table, as ``disk-full`` does without a tmpfs."""
+    from deltawheel.executor.chaos.checker import CheckResult
+    from deltawheel.executor.chaos.harness import ChaosSettings, _Harness
+    from deltawheel.executor.chaos.report import table
+
+    for name, value in _no_toxiproxy({}, tmp_path / "home").items():
+        monkeypatch.setenv(name, value)
+    said: list[str] = []
+    h = _Harness(ChaosSettings(seed=1, data=tmp_path / "chaos", store_tmpfs_mb=0), said.append)
+    try:
+        h.prepare()
+    finally:
+        h.stop()
+    assert h.netcut is None and "net-cut" not in h.run.kinds and "driver-kill" in h.run.kinds
+    assert h.run.left_out["net-cut"].startswith("building Toxiproxy failed") and \
+        "GOPROXY=off" in h.run.left_out["net-cut"], h.run.left_out
+    assert f"chaos: net-cut left out of the schedule: {h.run.left_out['net-cut']}" in said, said
+    lines = table(1, CheckResult(), left_out=h.run.left_out).splitlines()
+    assert f"net-cut left out: {h.run.left_out['net-cut']}" in lines and any(
+        ln.startswith("disk-full left out: no tmpfs asked for") for ln in lines), lines
+
+
+@pytest.mark.zk
+@pytest.mark.timeout(300)
+def test_a_cut_driver_loses_zookeeper_its_session_expires_and_it_reconnects_after(tmp_path: Path) -> None:
+    """The harness's own Toxiproxy and proxies (``--kinds net-cut``) before a real ensemble of
+    three: a kazoo client on driver ``a``'s ``--zk``, a member of the chaos pipeline as a driver is,
+    loses its connection when ``a`` is cut and its session expires past the timeout (the harness,
+    on the direct addresses, sees its membership gone), while ``b``'s client and the tools'
+    addresses go on; after the restore ``a``'s client connects again with a new session."""
+    import time
+
+    from deltawheel.executor.chaos.bank import PIPELINE
+    from deltawheel.executor.chaos.harness import CHROOT, ChaosSettings, _Harness
+    from deltawheel.executor.chaos.netcut import member_session, session_after
+    from kazoo.client import KazooClient, KazooState
+
+    def until(what: str, check: Any, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not check():
+            assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f}s"
+            time.sleep(0.2)
+
+    h = _Harness(ChaosSettings(seed=1, data=tmp_path / "chaos", store_tmpfs_mb=0, kinds=("net-cut",)), print)
+    clients: list[KazooClient] = []
+    member = f"/pipelines/{PIPELINE}/members/a"
+    try:
+        h.prepare()
+        h.ensemble.start()
+        assert h.netcut is not None
+        zk = {name: h.zk_args(name)[1] for name in INSTANCES}
+        assert h.zk_args()[1] == h.ensemble.hosts and len(set(zk.values()) | {h.ensemble.hosts}) == 3
+        assert all(len(hosts.split(",")) == 3 for hosts in zk.values())
+        assert member_session(h.ensemble.hosts, CHROOT, "a") is None  # not a member yet (the chroot made)
+        tool = KazooClient(hosts=h.ensemble.hosts + CHROOT)
+        a, b = (KazooClient(hosts=zk[name] + CHROOT, timeout=4.0) for name in ("a", "b"))
+        clients += [tool, a, b]
+        states: list[str] = []
+        a.add_listener(states.append)
+        for c in clients:
+            c.start(timeout=30)
+        a.create(member, ephemeral=True, makepath=True)
+        session = a.client_id[0]
+        assert member_session(h.ensemble.hosts, CHROOT, "a") == session
+        assert session_after(h.ensemble.hosts, CHROOT, "a", session) == "held"
+        assert session_after(h.ensemble.hosts, CHROOT, "a", None).startswith("unknown")
+        assert h.netcut.cut("a") == ["a-zk1", "a-zk2", "a-zk3"]
+        until("connection loss of a", lambda: KazooState.SUSPENDED in states, 30)
+        until("expiry of a's session", lambda: member_session(h.ensemble.hosts, CHROOT, "a") is None)
+        assert b.exists("/") is not None and tool.exists("/") is not None and not a.connected  # only a is cut
+        assert session_after(h.ensemble.hosts, CHROOT, "a", session) == "expired"
+        h.netcut.restore("a")
+        until("a's new session", lambda: a.connected and a.client_id is not None and a.client_id[0] != session)
+        assert KazooState.LOST in states
+        a.create(member, ephemeral=True)
+        assert member_session(h.ensemble.hosts, CHROOT, "a") == a.client_id[0] != session
+    finally:
+        for c in clients:
+            c.stop()
+            c.close()
+        h.stop()
+    assert h.netcut.server is not None and not h.netcut.server.ready()
+
+
+# slow: a run's start-up, restarts after the expired sessions and drain take 10-20 minutes on a
+# shared 2-core machine; the default tests above cover its parts (the schedule, the refusal, the
+# proxies cutting a real client's session and giving it back, Toxiproxy dying with the run)
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.zk
+@pytest.mark.timeout(2400)
+def test_a_run_whose_drivers_networks_are_cut_finds_no_violation(tmp_path: Path) -> None:
+    """``deltawheel chaos --seed 51 --seconds 60 --kinds net-cut,driver-pause,zk-kill``: both drivers
+    cut from ZooKeeper, one of them past its session timeout (the other instance takes its
+    intervals while it can still write the local store: fencing stops it), zero violations."""
+    data = tmp_path / "chaos"
+    proc = _chaos(data, "--seed", str(CUT_SEED), "--seconds", "60", "--kinds", ",".join(CUT_KINDS), timeout_s=2300)
+    print(proc.stdout)
+    out = proc.stdout.splitlines()
+    assert proc.returncode == 0 and out[-1] == "violations: 0", _explain(proc, data)
+    saved = json.loads((data / "faults.json").read_text())
+    cuts = [f for f in saved["faults"] if f["kind"] == "net-cut"]
+    assert len(cuts) >= 2 and {f["target"] for f in cuts} == set(INSTANCES), saved["faults"]
+    assert any(f["heal"] - f["start"] > 6.0 for f in cuts) and all("proxies cut" in f["note"] for f in cuts), cuts
+    assert saved["drained"] and "net-cut" in saved["kinds"]
+
+
+@pytest.mark.objectstore
+@pytest.mark.timeout(300)
+def test_on_an_object_store_a_cut_driver_cannot_reach_s3proxy_until_restored(tmp_path: Path) -> None:
+    """``--object-store --kinds net-cut``: each driver's S3 endpoint is its own proxy to the run's
+    S3Proxy (the tools' is the server's); ``a`` cut, its requests are refused while ``b``'s and the
+    tools' are answered; restored, ``a``'s are answered again."""
+    from deltawheel.executor.chaos.harness import ChaosSettings, _Harness
+    from deltawheel.executor.chaos.objectstore import BUCKET
+    from deltawheel.statestore.exceptions import ObjectStoreUnreachableError
+    from deltawheel.statestore.objectstore import s3a
+    from deltawheel.statestore.objectstore.client import S3Client
+
+    h = _Harness(ChaosSettings(seed=1, data=tmp_path / "chaos", store_tmpfs_mb=0, kinds=("net-cut",),
+                               object_store=True), print)
+    try:
+        h.prepare()
+        assert h.netcut is not None and h.s3 is not None
+        urls = {name: h.env(name)[s3a.ENV_ENDPOINT] for name in INSTANCES}
+        assert h.env()[s3a.ENV_ENDPOINT] == h.s3.env[s3a.ENV_ENDPOINT] and len({*urls.values(), h.env()[
+            s3a.ENV_ENDPOINT]}) == 3
+        endpoints = [s3a.endpoint_from_env(h.env(name)) for name in ("a", "b", None)]
+        a, b, tool = (S3Client(ep) for ep in endpoints if ep is not None)
+        assert a.bucket_exists(BUCKET) and b.bucket_exists(BUCKET)
+        assert sorted(h.netcut.cut("a")) == ["a-s3", "a-zk1", "a-zk2", "a-zk3"]
+        with pytest.raises(ObjectStoreUnreachableError):
+            a.bucket_exists(BUCKET)
+        assert b.bucket_exists(BUCKET) and tool.bucket_exists(BUCKET)
+        h.netcut.restore("a")
+        assert a.bucket_exists(BUCKET)
+    finally:
+        h.stop()

@@ -3,7 +3,7 @@
 Each fault has a start (seconds into the chaos phase), kind, target and duration before it heals.
 Faults of different targets overlap; a target has one fault at a time (one ZooKeeper server down
 at a time keeps the quorum; the operator tools run one at a time; the store's disk has one fault;
-so has the object store's server).
+so has the object store's server; a driver's network cut holds the driver's slot).
 
 | kind | fault | heal |
 |---|---|---|
@@ -21,6 +21,7 @@ so has the object store's server).
 | ``promote`` | ``deltawheel replay`` of the running code from the chaos phase's start, then ``promote`` | the tools' exits |
 | ``disk-full`` | the store's tmpfs filled by one file up to ENOSPC (only where the harness could mount it; on an ``--object-store`` run the tmpfs holds S3Proxy's data) | the file deleted |
 | ``s3proxy-kill`` | SIGKILL of the S3Proxy server holding the store (only on an ``--object-store`` run) | the server restarted on the same data and port |
+| ``net-cut`` | a driver's network to ZooKeeper (and to S3Proxy on an ``--object-store`` run) cut: its Toxiproxy proxies disabled (:mod:`.netcut`; only where Toxiproxy runs). Past the session timeout its session expires and the other instance takes its intervals; its local store stays writable (a partitioned zombie that fencing stops) | the proxies enabled: the driver finds its session expired and stops with exit 4 (started again), or goes on |
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ KINDS: dict[str, tuple[int, float, float]] = {
     "zk-leader-kill": (2, 3.0, 10.0),
     "disk-full": (2, 5.0, 20.0),
     "s3proxy-kill": (2, 3.0, 10.0),
+    "net-cut": (2, 2.0, 20.0),
     "gc": (1, 60.0, 60.0),
     "rebalance": (2, 5.0, 15.0),
     "status": (1, 10.0, 10.0),
@@ -76,7 +78,7 @@ class PlannedFault:
 
 
 def _target(rng: random.Random, kind: str) -> str:
-    if kind.startswith("driver") or kind in ("session-expiry", "worker-kill"):
+    if kind.startswith("driver") or kind in ("session-expiry", "worker-kill", "net-cut"):
         return rng.choice(INSTANCES)
     if kind == "zk-kill":
         return f"zk{rng.randrange(1, 4)}"
@@ -95,7 +97,7 @@ def plan(seed: int, seconds: float, *, mean_gap_s: float = 5.0, session_timeout_
     ``mean_gap_s``); a fault whose slot is still busy (its previous fault not healed ``settle_s``
     before) moves after it. Every fault heals before the phase ends. ``kinds``: those drawn
     from (default: all of :data:`KINDS`; a run without a tmpfs leaves ``disk-full`` out, a run
-    on a local store ``s3proxy-kill``)."""
+    on a local store ``s3proxy-kill``, a run without Toxiproxy ``net-cut``)."""
     rng = random.Random(seed)
     kinds = sorted(KINDS if kinds is None else set(kinds) & set(KINDS))
     weights = [KINDS[k][0] for k in kinds]

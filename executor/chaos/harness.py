@@ -6,10 +6,11 @@ then checked (:mod:`.checker`); each driver a :class:`.driver.Driver`.
 Phases: the ensemble and both drivers, until both commit; chaos (a file every ``file_every_s``,
 each fault on its own thread); every fault healed and the closing moves written; the drain (until
 every stream holds what the input gives, or ``drain_s``); SIGTERM to the drivers; the ensemble
-stopped; the store's tmpfs unmounted (its content copied back); the check. Under ``data``:
-``input/``, ``store/`` (or ``s3/``), ``zk/``, ``logs/``, ``replays/`` (the promote faults' shadow
-stores), ``faults.json``. The faults themselves: driver and ZooKeeper faults here, the tools in
-:mod:`.tools`, the Python workers in :mod:`.workers`, the store's disk in :mod:`.disk`.
+stopped; Toxiproxy and S3Proxy stopped; the store's tmpfs unmounted (its content copied back);
+the check. Under ``data``: ``input/``, ``store/`` (or ``s3/``), ``zk/``, ``logs/``, ``replays/`` (the
+promote faults' shadow stores), ``toxiproxy/`` (with ``net-cut``), ``faults.json``. The faults
+themselves: driver and ZooKeeper faults here, the tools in :mod:`.tools`, the Python workers in
+:mod:`.workers`, the store's disk in :mod:`.disk`, the drivers' network in :mod:`.netcut`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.objectstore.s3a import ENV_ENDPOINT
@@ -33,15 +34,17 @@ from deltawheel.statestore.process import DIE_WITH_ENV, die_with
 
 from ..servers.ensemble import ZooKeeperEnsemble
 from .bank import INPUT_ENV, closing_moves, moves, write_moves
-from .checker import CheckResult, FaultRecord, Violation, check_run, complete, stream_commits
+from .checker import CheckResult, FaultRecord, check_run, complete, stream_commits
 from .disk import StoreDisk, unmount_stale
 from .driver import Driver
 from .faults import INSTANCES, KINDS, PlannedFault, plan
+from .netcut import NetCut, member_session, session_after, start_net_cut, toxiproxy_missing
 from .objectstore import ChaosObjectStore
+from .record import DriverExit, exit_violations, exits_note
 from .tools import tool_fault
 from .workers import python_workers
 
-__all__ = ["ChaosSettings", "ChaosRun", "DriverExit", "run_chaos", "recheck"]
+__all__ = ["ChaosSettings", "ChaosRun", "DriverExit", "run_chaos"]
 
 CHROOT = "/chaos"
 MARKER = "chaos-run.json"
@@ -77,16 +80,6 @@ class _Skipped(Exception):
     """A fault that cannot happen at its time (the reason)."""
 
 
-@dataclass(frozen=True)
-class DriverExit:
-    """A driver that stopped by itself: when, its exit code and error line (it was started again)."""
-
-    driver: str
-    code: int
-    at: float
-    error: str
-
-
 @dataclass
 class ChaosRun:
     """What a run did: its settings, the faults as they happened, the tools' exit codes, the check."""
@@ -95,7 +88,7 @@ class ChaosRun:
     faults: list[FaultRecord] = field(default_factory=list)
     skipped: list[tuple[PlannedFault, str]] = field(default_factory=list)  # not started, and why
     kinds: list[str] = field(default_factory=lambda: sorted(KINDS))  # the kinds the schedule drew from
-    left_out: str = ""  # why ``disk-full`` is not among them
+    left_out: dict[str, str] = field(default_factory=dict)  # kind -> why it is not among them
     exits: list[DriverExit] = field(default_factory=list)  # drivers that stopped by themselves
     tools: dict[str, list[int]] = field(default_factory=dict)
     files: int = 0
@@ -125,6 +118,7 @@ class _Harness:
         self.threads: list[threading.Thread] = []
         self.file_index = 0
         self.disk = StoreDisk(self.s3.blobs if self.s3 else self.store, settings.store_tmpfs_mb)
+        self.netcut: NetCut | None = None  # the drivers' proxies, with ``net-cut`` among the kinds
 
     # --- set-up -----------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -140,9 +134,7 @@ class _Harness:
         (self.data / MARKER).write_text(json.dumps({**asdict(self.s), "data": str(self.s.data)}, indent=2) + "\n")
         reason = self.disk.mount()
         if reason is not None:
-            self.run.left_out = reason
-            self.run.kinds = [k for k in self.run.kinds if k != "disk-full"]
-            self.say(f"chaos: disk-full left out of the schedule: {reason}")
+            self.leave_out("disk-full", reason)
         else:
             self.say(f"chaos: the store on a tmpfs of {self.s.store_tmpfs_mb} MiB (disk-full fills it)")
         if self.s3 is None:
@@ -150,23 +142,55 @@ class _Harness:
         else:
             self.s3.start()
             self.say(f"chaos: the store on {self.s3.url} through S3Proxy at {self.s3.env[ENV_ENDPOINT]}")
+        if "net-cut" in self.run.kinds:
+            reason = self.start_netcut()
+            if reason is not None:
+                self.leave_out("net-cut", reason)
+
+    def leave_out(self, kind: str, reason: str) -> None:
+        self.run.left_out[kind] = reason
+        self.run.kinds = [k for k in self.run.kinds if k != kind]
+        self.say(f"chaos: {kind} left out of the schedule: {reason}")
+
+    def start_netcut(self) -> str | None:
+        """Toxiproxy and each driver's proxies (:mod:`.netcut`); None, or why not.
+
+        Raises:
+            ConfigError: ``net-cut`` named in the kinds, and Toxiproxy did not start."""
+        server = self.s3.server if self.s3 is not None else None
+        got = start_net_cut(self.data / "toxiproxy", zk=[s.hosts for s in self.ensemble.servers],
+                            s3=f"{server.host}:{server.port}" if server is not None else None)
+        if isinstance(got, str):
+            if "net-cut" in self.s.kinds:
+                raise ConfigError(f"chaos: the fault kind net-cut needs Toxiproxy, which did not start: {got}")
+            return got
+        self.netcut = got
+        self.say(f"chaos: the drivers reach ZooKeeper{' and S3Proxy' * bool(server)} through Toxiproxy "
+                 f"(a: {got.hosts('a')}; b: {got.hosts('b')})")
+        return None
 
     def cli(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "deltawheel.executor.cli", *args]
 
-    def zk_args(self) -> list[str]:
-        return ["--zk", self.ensemble.hosts, "--zk-chroot", CHROOT]
+    def zk_args(self, driver: str | None = None) -> list[str]:
+        """``--zk``: the servers' addresses, or a driver's proxies to them (with ``net-cut``)."""
+        hosts = self.netcut.hosts(driver) if driver is not None and self.netcut is not None else self.ensemble.hosts
+        return ["--zk", hosts, "--zk-chroot", CHROOT]
 
-    def env(self) -> dict[str, str]:
-        return {**os.environ, INPUT_ENV: str(self.input), "PYTHONUNBUFFERED": "1", **(self.s3.env if self.s3 else {})}
+    def env(self, driver: str | None = None) -> dict[str, str]:
+        """The environment of the tools, or of a driver (its S3 endpoint its proxy, with ``net-cut``)."""
+        env = {**os.environ, INPUT_ENV: str(self.input), "PYTHONUNBUFFERED": "1", **(self.s3.env if self.s3 else {})}
+        if driver is not None and self.netcut is not None and self.s3 is not None:
+            env[ENV_ENDPOINT] = self.netcut.s3_endpoint(driver)
+        return env
 
     def make_drivers(self) -> None:
         for name in INSTANCES:
             cmd = self.cli("run", "deltawheel.executor.chaos.bank:pipeline", "--store", self.store_url,
-                           *self.zk_args(), "--zk-session-timeout", str(self.s.session_timeout_s),
+                           *self.zk_args(name), "--zk-session-timeout", str(self.s.session_timeout_s),
                            "--trigger", self.s.trigger, "--instance", name, "--master", self.s.master, "--wait", "600",
                            "--driver-memory", "1g")
-            self.drivers[name] = Driver(name, cmd, self.logs / f"driver-{name}.log", self.env())
+            self.drivers[name] = Driver(name, cmd, self.logs / f"driver-{name}.log", self.env(name))
 
     # --- input ------------------------------------------------------------------------------
     def write_next(self) -> None:
@@ -231,6 +255,8 @@ class _Harness:
         note = ""
         if f.kind == "worker-kill":
             heal, note = self.worker_kill(f, d)
+        elif f.kind == "net-cut":
+            heal, note = self.net_cut(f, d)
         elif f.kind == "driver-kill":
             with self.lock:
                 d.down = True
@@ -268,18 +294,37 @@ class _Harness:
             raise _Skipped(f"the drawn {w.role} (pid {w.pid}) ended before the kill") from None
         heal = time.time()
         self.stopping.wait(f.duration_s)
-        with self.lock:
-            exits = [e for e in self.run.exits[exits_before:] if e.driver == d.name]
         with open(d.log, "rb") as log:
             log.seek(log_at)
             after = log.read().decode(errors="replace").splitlines()
-        note = f"pid {w.pid} ({w.role}, 1 of {len(workers)} Python processes)"
-        if exits:
-            note += "; the driver exited " + ", ".join(f"with {e.code} ({e.error[:160]})" for e in exits)
-        else:
-            note += f"; the driver ran on for {f.duration_s:.0f}s"
+        with self.lock:
+            note = f"pid {w.pid} ({w.role}, 1 of {len(workers)} Python processes); " + exits_note(
+                self.run.exits[exits_before:], d.name, f.duration_s)
         seen = [ln.strip() for ln in after if any(m in ln for m in WORKER_SIGNS)]
         return heal, note + (f"; its log: {seen[0][:200]}" if seen else "")
+
+    def net_cut(self, f: PlannedFault, d: Driver) -> tuple[float, str]:
+        """Cut driver ``d``'s network (its proxies disabled) for the fault's duration and restore it;
+        watch it for the session timeout, and if its session expired (its member znode gone or of
+        another session), until it stopped (on its lost leases) and was started again."""
+        assert self.netcut is not None
+        with self.lock:
+            exits_before, starts = len(self.run.exits), d.starts
+        session, begin = member_session(self.ensemble.hosts, CHROOT, d.name), time.time()
+        names = self.netcut.cut(d.name)
+        try:
+            self.stopping.wait(f.duration_s)
+        finally:
+            self.netcut.restore(d.name)
+        heal = time.time()
+        self.stopping.wait(self.s.session_timeout_s)
+        said = session_after(self.ensemble.hosts, CHROOT, d.name, session)
+        deadline = time.monotonic() + self.s.start_s
+        while said == "expired" and d.starts == starts and time.monotonic() < deadline and not self.stopping.wait(1):
+            pass
+        with self.lock:
+            return heal, f"{len(names)} proxies cut ({', '.join(names)}); its session {said}; " + exits_note(
+                self.run.exits[exits_before:], d.name, time.time() - begin)
 
     def other_fault(self, f: PlannedFault) -> tuple[str, str]:
         """A ZooKeeper server's or S3Proxy's kill and restart, the store's disk filled and freed, or
@@ -376,8 +421,10 @@ class _Harness:
     def stop(self) -> None:
         try:
             self.stop_processes()
-        finally:  # S3Proxy stopped and the store's content back on disk, also when stopping failed
+        finally:  # Toxiproxy and S3Proxy stopped, the store's content back on disk, also when stopping failed
             try:
+                if self.netcut is not None:
+                    self.netcut.stop()
                 if self.s3 is not None:
                     self.s3.stop()
             finally:
@@ -422,16 +469,20 @@ def run_chaos(settings: ChaosSettings, *, say: Callable[[str], None] = print) ->
     """One chaos run and its check (``run.result``); every process it started is stopped on the way out.
 
     Raises:
-        ConfigError: ``settings.kinds`` names an unknown kind, ``settings.data`` holds something
-            else, or the drivers never committed."""
+        ConfigError: ``settings.kinds`` names an unknown kind, or one this run cannot make
+            (``s3proxy-kill`` on a local store, ``net-cut`` without Toxiproxy), ``settings.data``
+            holds something else, or the drivers never committed."""
     unknown = sorted(set(settings.kinds) - set(KINDS))
     if unknown:
         raise ConfigError(f"chaos: no fault kind {', '.join(unknown)}; the kinds: {', '.join(sorted(KINDS))}")
     if "s3proxy-kill" in settings.kinds and not settings.object_store:
         raise ConfigError("chaos: the fault kind s3proxy-kill needs the store on the object store: add --object-store")
+    if "net-cut" in settings.kinds and (why := toxiproxy_missing()) is not None:
+        raise ConfigError(f"chaos: the fault kind net-cut needs Toxiproxy, which is unavailable: {why}; "
+                          "or leave net-cut out of --kinds")
     h = _Harness(settings, say)
     before = os.environ.get(DIE_WITH_ENV)
-    os.environ[DIE_WITH_ENV] = str(os.getpid())  # the ensemble's servers die with this process too
+    os.environ[DIE_WITH_ENV] = str(os.getpid())  # the servers (ZooKeeper, S3Proxy, Toxiproxy) die with this process too
     try:
         run = h.execute()
     finally:
@@ -447,34 +498,3 @@ def run_chaos(settings: ChaosSettings, *, say: Callable[[str], None] = print) ->
                            end=run.phases.get("drained"))
     run.result.violations += exit_violations(run.exits, object_store=settings.object_store)
     return run
-
-
-#: The exit codes a driver may stop with under these faults, to be started again: 4 (a lease lost
-#: with an expired session, a lease another process still holds), 9 (a failed batch, a conflict).
-EXPECTED_EXITS = (4, 9)
-#: On an object-store run also 5 with this error: a driver started while S3Proxy is down.
-UNREACHABLE = "ObjectStoreUnreachableError"
-
-
-def exit_violations(exits: list[DriverExit], *, object_store: bool = False) -> list[Violation]:
-    """A driver that stopped with another code than :data:`EXPECTED_EXITS` (a crash, a damaged
-    store, an untyped error) is a violation; on an object-store run an unreachable store (exit 5,
-    :data:`UNREACHABLE`) is not."""
-    return [Violation("driver-exit", f"driver {e.driver} exited with {e.code}: {e.error}") for e in exits
-            if e.code not in EXPECTED_EXITS and not (object_store and e.code == 5 and e.error.startswith(UNREACHABLE))]
-
-
-def recheck(data: Path, *, bound_s: float = 600.0) -> tuple[dict[str, Any], CheckResult]:
-    """The check of an earlier run's folder (its input, streams and ``faults.json``) again.
-
-    Raises:
-        ConfigError: ``data`` holds no finished chaos run."""
-    try:
-        saved = json.loads((data / "faults.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"chaos --recheck {data}: no faults.json of a finished run ({exc})") from exc
-    faults = [FaultRecord(**f) for f in saved["faults"]]
-    result = check_run(data / saved.get("store", "store"), data / "input", faults, bound_s=bound_s, end=saved["phases"].get("drained"))
-    result.violations += exit_violations([DriverExit(**e) for e in saved.get("exits", [])],
-                                         object_store=bool(saved.get("object_store")))
-    return saved, result

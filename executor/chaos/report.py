@@ -23,10 +23,11 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def table(seed: int, result: CheckResult, *, tools: Mapping[str, Sequence[int]] | None = None,
           exits: Sequence[tuple[str, int, str]] = (), drained: bool = True,
-          skipped: Sequence[tuple[str, str]] = (), left_out: str = "") -> str:
+          skipped: Sequence[tuple[str, str]] = (), left_out: Mapping[str, str] | None = None) -> str:
     """The report: per fault kind the count, recovery p50/p99/max (s) and how many saw no commit
-    after their heal; the faults skipped (kind, reason) and why ``disk-full`` was left out; the
-    records, the tools' and drivers' exits, then every violation."""
+    after their heal; the faults skipped (kind, reason) and the kinds left out (``disk-full``
+    without a tmpfs, ``net-cut`` without Toxiproxy) and why; the records, the tools' and drivers'
+    exits, then every violation."""
     lines = [f"chaos seed {seed}",
              f"{'fault':<16}{'count':>6}{'p50 s':>8}{'p99 s':>8}{'max s':>8}{'no commit':>11}"]
     by_kind: dict[str, list[float | None]] = {}
@@ -40,8 +41,7 @@ def table(seed: int, result: CheckResult, *, tools: Mapping[str, Sequence[int]] 
     lines.append(f"{'all':<16}{len(result.recoveries):>6}")
     if skipped:
         lines.append("skipped: " + ", ".join(f"{k} x{n} ({why})" for (k, why), n in sorted(Counter(skipped).items())))
-    if left_out:
-        lines.append(f"disk-full left out: {left_out}")
+    lines += [f"{kind} left out: {why}" for kind, why in sorted((left_out or {}).items())]
     outs = ", ".join(f"{s} {n} (version {result.versions.get(s, 0)})" for s, n in result.records_out.items())
     lines.append(f"records in: {result.records_in} moves ({2 * result.records_in} legs); out: {outs}")
     if tools:

@@ -16,8 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add ``chaos``."""
     p = subparsers.add_parser(
         "chaos", help="run a three-stage bank pipeline as two instances under random overlapping faults (driver kills "
-                      "and pauses, Python workers killed, expired sessions, ZooKeeper servers killed, the store's "
-                      "disk full, operator tools) and check its streams")
+                      "and pauses, Python workers killed, expired sessions, a driver's network cut, ZooKeeper "
+                      "servers killed, the store's disk full, operator tools) and check its streams")
     p.add_argument("--seed", type=int, default=None, help="the input's and the fault schedule's seed (default: drawn, "
                                                           "printed first; the same seed replays the same schedule)")
     p.add_argument("--seconds", type=float, default=60.0, help="length of the chaos phase (default 60)")
@@ -54,7 +54,8 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
 
 
 def _chaos(args: argparse.Namespace) -> int:
-    from ..chaos.harness import ChaosSettings, recheck, run_chaos
+    from ..chaos.harness import ChaosSettings, run_chaos
+    from ..chaos.record import recheck
     from ..chaos.report import table
 
     data = Path(args.data)
@@ -62,15 +63,17 @@ def _chaos(args: argparse.Namespace) -> int:
         saved, result = recheck(data, bound_s=args.bound)
         exits = [(e["driver"], int(e["code"]), e["error"]) for e in saved.get("exits", [])]
         skipped = [(f["kind"], f.get("reason", "the phase is over")) for f in saved.get("skipped", [])]
+        left_out = saved.get("left_out") or {}  # an older faults.json holds disk-full's reason alone
         print(table(int(saved["seed"]), result, tools=saved.get("tools"), exits=exits,
-                    drained=bool(saved.get("drained")), skipped=skipped, left_out=saved.get("left_out", "")))
+                    drained=bool(saved.get("drained")), skipped=skipped,
+                    left_out={"disk-full": left_out} if isinstance(left_out, str) else left_out))
         return 0 if result.ok else 1
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
     print(f"chaos seed {seed} (replay: {replay_command(args, seed)})", flush=True)
     settings = ChaosSettings(seed=seed, seconds=args.seconds, data=data, mean_gap_s=args.mean_gap,
                              bound_s=args.bound, store_tmpfs_mb=args.store_tmpfs_mb, object_store=args.object_store,
                              kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))
-    run = run_chaos(settings, say=lambda line: print(line, flush=True))
+    run = run_chaos(settings, say=lambda line: print(line + "\n", end="", flush=True))  # one write: faults' threads print
     assert run.result is not None
     print(table(seed, run.result, tools=run.tools, exits=[(e.driver, e.code, e.error) for e in run.exits],
                 drained=run.drained, skipped=[(f.kind, why) for f, why in run.skipped], left_out=run.left_out))

@@ -21,7 +21,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 from ..exceptions import CodecError
 from ..layout import validate_name
 
-__all__ = ["MEMBER_FORMAT_VERSION", "Membership", "assign", "live_members", "request_move", "read_move",
+__all__ = ["MEMBER_FORMAT_VERSION", "Membership", "assign", "live_members", "member_session", "request_move", "read_move",
            "clear_move", "target"]
 
 MEMBER_FORMAT_VERSION = 1
@@ -48,6 +48,12 @@ def assign(members: Sequence[str], num_intervals: int) -> dict[str, tuple[int, .
     for iv in range(num_intervals if names else 0):
         out[names[iv * len(names) // num_intervals]].append(iv)
     return {m: tuple(ivs) for m, ivs in out.items()}
+
+
+def member_session(client: KazooClient, pipeline: str, instance: str) -> int | None:
+    """The id of the ZooKeeper session holding ``instance``'s member znode (None: not a member)."""
+    stat = client.exists(f"{_members(pipeline)}/{instance}")
+    return None if stat is None else int(stat.ephemeralOwner)
 
 
 def live_members(client: KazooClient, pipeline: str) -> list[str]:

@@ -120,6 +120,29 @@ def test_a_metrics_failure_never_fails_the_batch(spark, migrated_store, zk_confi
     assert spark.read.format("delta").load(migrated_store.rows).where("computation = 'buckets'").count() >= 1
 
 
+def test_metrics_land_from_the_writer_thread_when_the_jvm_has_no_default_session(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    """Seen in a long chaos run: every metrics append of a driver failed after its commit with
+    Delta's ``DELTA_SPARK_SESSION_NOT_SET`` (the writer thread had no active session, the JVM no
+    default one) once the table had a checkpoint. The writer sets its thread's session itself."""
+    from deltawheel.executor.protocol.metrics import BatchMetrics, read_batches
+    from deltawheel.gc.logs import checkpoint_newest
+
+    jss = spark._jsparkSession
+    spark_cls = spark._jvm.org.apache.spark.sql.SparkSession
+    first = BatchMetrics(spark, migrated_store)
+    assert first.append(*({"batch_id": b, "computation": "c"} for b in range(2)))
+    checkpoint_newest(spark, migrated_store.metrics_batches)  # Delta's post-commit stats read it
+    spark_cls.clearDefaultSession()
+    try:
+        writer = BatchMetrics(spark, migrated_store)  # a new writer thread: a new JVM thread
+        for b in range(2, 5):
+            writer.submit({"batch_id": b, "computation": "c"})
+            assert writer.flush()
+    finally:
+        spark_cls.setDefaultSession(jss)
+    assert sorted(r["batch_id"] for r in read_batches(migrated_store)) == list(range(5))
+
+
 def test_status_shows_owners_watermarks_batches_and_dead_letters(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
     ex, client = _run_pipeline(spark, migrated_store, zk_config, keep_running=True)
     try:

@@ -199,6 +199,9 @@ class BatchMetrics:
                          "older figures meanwhile", self.path, type(exc).__name__, exc)
 
     def _append(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        from deltawheel.statestore.delta.jvm import activate
+
+        activate(self.spark)  # this writer's thread: Delta's post-commit work needs a session
         if not self._created:
             self._create()
         if self._files is None:

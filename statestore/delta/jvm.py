@@ -7,7 +7,7 @@ from typing import Any
 
 from ..exceptions import SparkConnectSessionError
 
-__all__ = ["jvm", "jsession", "jcontext", "jframe", "gateway", "require_classic_session", "java_errors"]
+__all__ = ["jvm", "jsession", "activate", "jcontext", "jframe", "gateway", "require_classic_session", "java_errors"]
 
 
 def jvm(spark: Any) -> Any:
@@ -18,6 +18,13 @@ def jvm(spark: Any) -> Any:
 def jsession(spark: Any) -> Any:
     """The JVM ``SparkSession`` behind the Python session ``spark``."""
     return spark._jsparkSession  # noqa: SLF001 - pyspark has no public accessor
+
+
+def activate(spark: Any) -> None:
+    """Make ``spark`` the JVM's active session of the calling thread: a thread of deltawheel's own
+    that commits through Delta's JVM API (the metrics writer) has none, and Delta's post-commit
+    work falls back to the default session, which a driver may no longer have."""
+    jvm(spark).org.apache.spark.sql.SparkSession.setActiveSession(jsession(spark))
 
 
 def jcontext(spark: Any) -> Any:

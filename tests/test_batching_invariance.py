@@ -43,7 +43,7 @@ def on_time(rows: list[dict]) -> dict[tuple[str, int], list[tuple[str, int, int]
 
 @pytest.mark.timeout(600)
 def test_a_windowed_stage_started_after_its_upstream_read_a_backlog_drops_no_on_time_record(
-        spark, zk_config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        spark, zk_config, tmp_path: Path, migrated_at) -> None:  # type: ignore[no-untyped-def]
     """Stage 1 runs alone over 30 s of input; then both stages start, and stage 2's first batch
     holds the whole backlog stage 1 delivered meanwhile (its upstream's watermark long past it).
     No on-time record is dropped, and every window has the ON_TIME pane of the uncut run."""
@@ -51,7 +51,8 @@ def test_a_windowed_stage_started_after_its_upstream_read_a_backlog_drops_no_on_
     last = closing(rows)
     write_files(tmp_path / "input", [rows[i:i + 60] for i in range(0, len(rows), 60)] + [[last]])
     pipeline = make(str(tmp_path / "input"))
-    with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+    store = migrated_at(tmp_path / "store").root  # connect on a new store (migrated then): test_connect.py
+    with deltawheel.connect(spark, store=store, zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                             pipeline="bank") as engine:
         first = engine.start_pipeline(pipeline, computations=["balance"])
         wait_for("stage 1 read every file", lambda: first.executors["balance"].records_in_total == len(rows) + 1,
@@ -80,15 +81,15 @@ def cuts_of(n: int, bounds: list[int]) -> list[list[int]]:
     return [list(range(a, b)) for a, b in pairwise(edges)]
 
 
-def run_cut(spark, zk_config, root: Path, chunks: list[list[dict]], cut: list[list[int]] | None,  # type: ignore[no-untyped-def,type-arg]
-            restarts: set[int], source: str = "parquet") -> dict:  # type: ignore[type-arg]
+def run_cut(spark, zk_config, migrated_at, root: Path, chunks: list[list[dict]],  # type: ignore[no-untyped-def,type-arg]
+            cut: list[list[int]] | None, restarts: set[int], source: str = "parquet") -> dict:  # type: ignore[type-arg]
     """The bank pipeline, bounded, over ``chunks`` (one file each): ``cut`` None reads all files
     at once, one file per batch; else each group of ``cut`` is written and read as one batch (a run
     that keeps the watermark), a new engine after the groups in ``restarts``; the closing file last.
     Returns what a user compares: the panes, the dropped records, the moves and the balances."""
     from executor_util import state_of
 
-    folder, store = root / "input", root / "store"
+    folder, store = root / "input", migrated_at(root / "store").root
     mtime = 1_000_000.0  # the file source reads by modification time: the files' order, whatever the cut
 
     def write(indexes: list[int]) -> None:
@@ -130,26 +131,27 @@ def scenario(seed: int, files: int, disorder_ms: int = 1_500) -> list[list[dict]
     return [*chunks, [closing(rows)]]
 
 
-def check_invariant(spark, zk_config, root: Path, chunks: list[list[dict]],  # type: ignore[no-untyped-def,type-arg]
+def check_invariant(spark, zk_config, migrated_at, root: Path, chunks: list[list[dict]],  # type: ignore[no-untyped-def,type-arg]
                     cuts: list[tuple[list[list[int]], set[int]]], source: str = "parquet") -> None:
     rows = [r for c in chunks[:-1] for r in c]
-    reference = run_cut(spark, zk_config, root / "per-file", chunks, None, set(), source)
+    reference = run_cut(spark, zk_config, migrated_at, root / "per-file", chunks, None, set(), source)
     assert reference["panes"] == on_time(rows)  # the run reading one file per batch: nothing late
     assert reference["dropped"] == []
     assert len(reference["moves"]) == len(rows) + 1
     for n, (cut, restarts) in enumerate(cuts):
-        got = run_cut(spark, zk_config, root / f"cut-{n}", chunks, cut, restarts, source)
+        got = run_cut(spark, zk_config, migrated_at, root / f"cut-{n}", chunks, cut, restarts, source)
         for what in ("panes", "dropped", "moves", "balances"):
             assert got[what] == reference[what], f"{what} differ for the cut {cut} (restarts after {restarts})"
 
 
 @pytest.mark.timeout(900)
-def test_the_output_does_not_depend_on_how_the_input_is_cut_into_batches(spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_output_does_not_depend_on_how_the_input_is_cut_into_batches(  # type: ignore[no-untyped-def]
+        spark, zk_config, tmp_path, migrated_at) -> None:
     """A fixed sample: everything in one batch, and a random cut with a restart between two batches,
     each equal to the run that reads one file per batch, pane by pane."""
     chunks = scenario(seed=11, files=5)
     n = len(chunks)
-    check_invariant(spark, zk_config, tmp_path, chunks,
+    check_invariant(spark, zk_config, migrated_at, tmp_path, chunks,
                     [([list(range(n))], set()), (cuts_of(n, [2, 3]), {0})])
 
 
@@ -159,14 +161,14 @@ def test_the_output_does_not_depend_on_how_the_input_is_cut_into_batches(spark, 
 @given(seed=st.integers(0, 10_000), files=st.integers(3, 7), source=st.sampled_from(bank_pipeline.SOURCES),
        data=st.data())
 def test_random_cuts_and_restarts_give_the_output_of_one_file_per_batch(  # type: ignore[no-untyped-def]
-        spark, zk_config, tmp_path, seed, files, source, data) -> None:
+        spark, zk_config, tmp_path, migrated_at, seed, files, source, data) -> None:
     """Random scenarios, sources (Parquet, JSON Lines, a Delta table) and cuts, with restarts
     between random batches: each cut equals the one-file-per-batch run, pane by pane."""
     chunks = scenario(seed=seed, files=files)
     n = len(chunks)
     cuts = [(cuts_of(n, data.draw(st.lists(st.integers(1, n - 1), max_size=n - 1), label="cut")),
              data.draw(st.sets(st.integers(0, n - 1)), label="restarts")) for _ in range(2)]
-    check_invariant(spark, zk_config, tmp_path / uuid.uuid4().hex[:8], chunks, cuts, source)
+    check_invariant(spark, zk_config, migrated_at, tmp_path / uuid.uuid4().hex[:8], chunks, cuts, source)
 
 
 # ---------------------------------------------------------------------------------------------------

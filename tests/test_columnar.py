@@ -499,7 +499,8 @@ def _rows_computation() -> Any:
 
 @pytest.mark.zk
 @pytest.mark.timeout(600)
-def test_a_columnar_job_producing_with_msgpack_rows_writes_values_that_decode(spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_columnar_job_producing_with_msgpack_rows_writes_values_that_decode(  # type: ignore[no-untyped-def]
+        spark, zk_config, tmp_path, migrated_at) -> None:
     """A job on the columnar path whose values come from ``msgpack_rows``: the stream's rows decode
     (with the computation's codec, as any reader does) to each window's key, start, count and end."""
     import uuid
@@ -513,7 +514,8 @@ def test_a_columnar_job_producing_with_msgpack_rows_writes_values_that_decode(sp
     write_files(folder, 6)
     comp = _rows_computation()()
     comp.witness = str(_mk(tmp_path / "calls"))
-    with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+    store = migrated_at(tmp_path / "store").root  # a migrated copy: connect migrating a new store runs in test_connect.py
+    with deltawheel.connect(spark, store=store, zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                             pipeline=f"rows_{uuid.uuid4().hex[:6]}") as engine:
         engine.progress = False
         reports = engine.run(injector(str(folder), columnar=True), comp)

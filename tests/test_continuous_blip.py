@@ -49,12 +49,14 @@ def _wait_for(what: str, check: Callable[[], bool], *, timeout_s: float, runs: t
         time.sleep(poll_s)
 
 
-def _blip_while_running(spark: Any, tmp_path: Path, server: Any, *, down_s: float, session_s: float) -> list[str]:
+def _blip_while_running(spark: Any, tmp_path: Path, server: Any, migrated_at: Any, *, down_s: float,
+                        session_s: float) -> list[str]:
     from deltawheel.executor.drivers.recover import scan
     from kazoo.client import KazooState
 
     rows = click_rows(160)
     folder, store = tmp_path / "input", tmp_path / "store"
+    migrated_at(store)  # a migrated copy: connect migrating a new store runs in test_connect.py
     write_file(folder, "part-0.parquet", rows[:80])
     layout = StoreLayout(str(store))
     want_users, want_totals = expected(rows)
@@ -100,13 +102,15 @@ def _blip_while_running(spark: Any, tmp_path: Path, server: Any, *, down_s: floa
 
 
 @pytest.mark.timeout(600)
-def test_a_continuous_pipeline_rides_through_a_short_zookeeper_blip(spark, tmp_path, own_zk) -> None:  # type: ignore[no-untyped-def]
-    lines = _blip_while_running(spark, tmp_path, own_zk, down_s=2.0, session_s=10.0)
+def test_a_continuous_pipeline_rides_through_a_short_zookeeper_blip(  # type: ignore[no-untyped-def]
+        spark, tmp_path, own_zk, migrated_at) -> None:
+    lines = _blip_while_running(spark, tmp_path, own_zk, migrated_at, down_s=2.0, session_s=10.0)
     assert any("clicks: stopped 2 queries after their batch in flight" in ln for ln in lines), lines[-20:]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_continuous_pipeline_rides_through_a_12s_blip_under_the_session_timeout(spark, tmp_path, own_zk) -> None:  # type: ignore[no-untyped-def]
+def test_a_continuous_pipeline_rides_through_a_12s_blip_under_the_session_timeout(  # type: ignore[no-untyped-def]
+        spark, tmp_path, own_zk, migrated_at) -> None:
     """Longer than several triggers and ticks: each of them meets a suspended connection."""
-    _blip_while_running(spark, tmp_path, own_zk, down_s=12.0, session_s=30.0)
+    _blip_while_running(spark, tmp_path, own_zk, migrated_at, down_s=12.0, session_s=30.0)

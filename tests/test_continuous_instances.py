@@ -59,7 +59,7 @@ SPLIT = {c: ["a", "a", "b", "b"] for c in COMPUTATIONS}
 
 @pytest.mark.timeout(900)
 def test_two_instances_of_a_continuous_pipeline_split_its_intervals_and_give_every_row_once(  # type: ignore[no-untyped-def]
-        spark, zk_config, tmp_path) -> None:
+        spark, zk_config, tmp_path, migrated_at) -> None:
     """Instance ``a`` starts alone and takes every interval; ``b`` joins while it runs: ``a`` gives
     back ``b``'s share between batches and ``b`` takes it (catching up on what its query read
     meanwhile). Files arrive while both run (closing records in every interval: each instance's
@@ -68,6 +68,7 @@ def test_two_instances_of_a_continuous_pipeline_split_its_intervals_and_give_eve
     instance, as the members' split says."""
     rows = click_rows(160)
     folder, store = tmp_path / "input", tmp_path / "store"
+    migrated_at(store)  # a migrated copy: connect migrating a new store runs in test_connect.py
     write_file(folder, "part-0.parquet", rows[:40])
     # a Pipeline each: an injector's watermark estimate is its instance's own (what it read)
     pipelines = {name: make(str(folder)) for name in "ab"}

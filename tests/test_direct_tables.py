@@ -132,7 +132,7 @@ def test_a_batch_reads_the_files_delta_read_and_the_rows_the_jvm_prepares(spark,
 @pytest.mark.zk
 @pytest.mark.timeout(900)
 def test_a_second_stage_reading_directly_gives_every_row_once_across_a_failed_batch(  # type: ignore[no-untyped-def]
-        spark, zk_config, tmp_path) -> None:
+        spark, zk_config, tmp_path, migrated_at) -> None:
     """Two live stages (``engine.start_pipeline``), the second reading the first's stream table
     directly: its batch 1 fails after its commit (the query ends), the pipeline is started again
     and Spark runs the batch again on the same offsets; both streams end with exactly the rows
@@ -143,6 +143,7 @@ def test_a_second_stage_reading_directly_gives_every_row_once_across_a_failed_ba
     write_file(folder, "part-0.parquet", rows[:50])
     pipeline = make(str(folder))
     store = tmp_path / "store"
+    migrated_at(store)  # a migrated copy: connect migrating a new store runs in test_connect.py
     failed: list[int] = []
 
     def fail_once(point: FaultPoint, batch_id: int) -> None:

@@ -28,7 +28,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.zk]
 
 
 @pytest.mark.timeout(900)
-def test_a_drained_run_fires_every_window_and_returns_with_nothing_pending(spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_drained_run_fires_every_window_and_returns_with_nothing_pending(  # type: ignore[no-untyped-def]
+        spark, zk_config, tmp_path, migrated_at) -> None:
     """The input folder does not exist when the pipeline is made (the injector is built as a job
     module builds it at import); the run creates it, reads a file written while it runs, and
     ``drain`` then gives every minute of both stages, the last ones included, each once."""
@@ -38,7 +39,8 @@ def test_a_drained_run_fires_every_window_and_returns_with_nothing_pending(spark
     assert not folder.exists()
     want_users, want_totals = expected(rows)
     lines: list[str] = []
-    with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+    store = migrated_at(tmp_path / "store").root  # a migrated copy: connect migrating a new store runs in test_connect.py
+    with deltawheel.connect(spark, store=store, zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                             pipeline="clicks") as engine:
         engine.progress = lines.append
         run = engine.start_pipeline(pipeline)
@@ -61,12 +63,14 @@ def test_a_drained_run_fires_every_window_and_returns_with_nothing_pending(spark
 
 
 @pytest.mark.timeout(900)
-def test_a_drain_needs_the_whole_pipeline_in_one_process(spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_drain_needs_the_whole_pipeline_in_one_process(  # type: ignore[no-untyped-def]
+        spark, zk_config, tmp_path, migrated_at) -> None:
     """A run of some of the computations, or an instance sharing the intervals, cannot read every
     source to its end alone: refused before anything stops."""
     folder = tmp_path / "input"
     write_file(folder, "part-0.parquet", click_rows(20))
-    with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+    store = migrated_at(tmp_path / "store").root  # a migrated copy: connect migrating a new store runs in test_connect.py
+    with deltawheel.connect(spark, store=store, zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                             pipeline="clicks") as engine:
         part = engine.start_pipeline(make(str(folder)), computations=["user_minutes"])
         with pytest.raises(ConfigError, match=r"drain: clicks runs only user_minutes here, not minute_totals; a drain "

@@ -157,7 +157,8 @@ def test_an_owner_whose_sequencer_is_behind_a_fence_fails_at_start_and_gives_the
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("write_path", ["image", "merge"])
+# merge: slow suite (time); its fenced MERGE refusing a stale sequencer: test_store.py::test_late_zombie_fails_and_writes_nothing
+@pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])
 def test_zombie_executor_lands_nothing_after_takeover(spark, migrated_store, zk_config, write_path) -> None:  # type: ignore[no-untyped-def]
     """The old instance keeps running after a new one took its intervals (its lease was broken
     while it was partitioned away): its batch fails with StaleSequencerError, nothing it

@@ -38,7 +38,8 @@ def pools_of_job_groups(spark: Any) -> dict[str, set[str]]:
 
 
 @pytest.mark.timeout(600)
-def test_each_live_stage_runs_its_jobs_in_a_fair_pool_of_its_own(spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_each_live_stage_runs_its_jobs_in_a_fair_pool_of_its_own(  # type: ignore[no-untyped-def]
+        spark, zk_config, tmp_path, migrated_at) -> None:
     """A two-stage pipeline started with ``engine.start_pipeline``, run until the first stage's
     ``foreachBatch`` ran on the input and both queries' jobs are on Spark's record: every job each
     query ran is in one pool, named after the query, and no two stages share a pool; the thread
@@ -48,7 +49,8 @@ def test_each_live_stage_runs_its_jobs_in_a_fair_pool_of_its_own(spark, zk_confi
     folder = tmp_path / "input"
     write_file(folder, "part-0.parquet", rows + [closing_row(rows)])
     before = spark.sparkContext.getLocalProperty(POOL_PROPERTY)
-    with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+    store = migrated_at(tmp_path / "store").root  # a migrated copy: connect migrating a new store runs in test_connect.py
+    with deltawheel.connect(spark, store=store, zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                             pipeline="clicks") as engine:
         run = engine.start_pipeline(make(str(folder)))
         queries = {name: (q.name, str(q.runId)) for name, q in run.queries.items()}

@@ -53,7 +53,7 @@ def late(behind: int) -> set[tuple[int, int]]:
 
 
 def test_a_record_is_late_one_file_behind_with_the_default_settings(spark: Any, zk_server: Any,
-                                                                     tmp_path: Path) -> None:
+                                                                     tmp_path: Path, migrated_at: Any) -> None:
     folder = tmp_path / "clicks"
     folder.mkdir()
     for k, times in enumerate(FILES):
@@ -62,7 +62,8 @@ def test_a_record_is_late_one_file_behind_with_the_default_settings(spark: Any, 
         os.utime(folder / f"part-{k}.jsonl", (1_700_000_000 + k, 1_700_000_000 + k))  # read in this order
     clicks = deltawheel.JsonLinesInjector("clicks", str(folder), schema="user STRING, ts BIGINT", key_column=None,
                                           event_time_column="ts", watermark_delay_ms=DELAY_MS, max_files_per_trigger=1)
-    with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_server.hosts, pipeline="late") as engine:
+    store = migrated_at(tmp_path / "store").root  # a migrated copy: connect migrating a new store runs in test_connect.py
+    with deltawheel.connect(spark, store=store, zk=zk_server.hosts, pipeline="late") as engine:
         reports = engine.run(clicks, Routed())
         rows = spark.read.format("delta").load(engine.layout.late_data).collect()
     assert [r.records_in for r in reports if r.records_in] == [len(f) for f in FILES]  # a file per batch

@@ -154,19 +154,18 @@ def test_broker_errors_say_what_to_do(spark: Any, kafka_broker: Any, tmp_path: P
 
 @pytest.mark.zk
 def test_the_pipeline_runner_moves_a_kafka_watermark_per_partition(spark: Any, kafka_broker: Any, zk_config: Any,
-                                                                   tmp_path: Path) -> None:
+                                                                   tmp_path: Path, migrated_at: Any) -> None:
     """Under PipelineRunner (no hand-wired ``tracking``), a Kafka injector's watermark follows its
     partitions batch by batch: the lagging partition holds it, not the overall max."""
     from deltawheel.executor.drivers.pipeline import Pipeline
     from deltawheel.executor.drivers.runner import PipelineRunner
-    from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
     from tests.executor_util import ByRecordKey, state_of
 
     events = payments_topic(spark, kafka_broker, "runner-payments")
-    layout = StoreLayout(str(tmp_path / "store"))
+    layout = migrated_at(tmp_path / "store")  # a migrated copy: connect migrating a new store runs in test_connect.py
     summary = PipelineRunner(spark, layout, Pipeline("kafka_runner", (events,), (ByRecordKey(),)), zk=zk_config,
                              end_of_input=False, progress=lambda line: None).run()
     assert sum(r.records_in for r in summary.reports["by_record_key"]) == len(MESSAGES)
@@ -186,7 +185,7 @@ def test_the_pipeline_runner_moves_a_kafka_watermark_per_partition(spark: Any, k
 @pytest.mark.zk
 @pytest.mark.timeout(600)
 def test_a_kafka_topic_through_a_continuous_pipeline_is_exactly_once_across_a_restart(
-        spark: Any, kafka_broker: Any, zk_config: Any, tmp_path: Path) -> None:
+        spark: Any, kafka_broker: Any, zk_config: Any, tmp_path: Path, migrated_at: Any) -> None:
     """``engine.start_pipeline`` on a KafkaInjector: messages appended while the pipeline runs are
     read, its watermark is the minimum over the partitions (the lagging one holds it), and after a
     stop, more messages and a start of a new process's objects on the same store, every message
@@ -201,6 +200,7 @@ def test_a_kafka_topic_through_a_continuous_pipeline_is_exactly_once_across_a_re
     create_topic(spark, servers, "live-cards", partitions=2)
     produce(spark, servers, "live-cards", card_messages(0, 20, lag_ms=3_000))
     store = tmp_path / "store"
+    migrated_at(store)  # a migrated copy: connect migrating a new store runs in test_connect.py
     total = 0
     for run_no, (first, count) in enumerate([(20, 30), (50, 40)]):
         events, p = make(servers, "live-cards")  # what a restarted process builds again

@@ -228,8 +228,8 @@ def test_a_replayed_batch_regenerates_its_weak_productions_ids(spark, migrated_s
 @pytest.mark.spark
 @pytest.mark.zk
 @pytest.mark.timeout(1200)
-def test_the_demo_pipeline_with_late_events_delivers_every_production_once(spark, zk_config,
-                                                                           tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_demo_pipeline_with_late_events_delivers_every_production_once(spark, zk_config, tmp_path,  # type: ignore[no-untyped-def]
+                                                                           migrated_at) -> None:
     """The demo (windowed counts with allowed lateness -> model -> detector) on input with 5 %
     late events: the output streams hold each production once, under unique ids, as many as
     each producer made."""
@@ -239,9 +239,8 @@ def test_the_demo_pipeline_with_late_events_delivers_every_production_once(spark
     from deltawheel.executor.demo.zeitgeist import GeneratorInjector, ZeitgeistParams
     from deltawheel.executor.drivers.pipeline import Pipeline
     from deltawheel.executor.drivers.runner import PipelineRunner
-    from deltawheel.statestore.layout import StoreLayout
 
-    layout = StoreLayout(str(tmp_path / "store"))
+    layout = migrated_at(tmp_path / "store")  # a migrated copy: connect migrating a new store runs in test_connect.py
     params = ZeitgeistParams(n_events=3_000, seed=11, n_queries=8, late_fraction=0.05, late_by_ms=12_000,
                              late_after_events=300)
     inj = GeneratorInjector("queries", str(tmp_path / "input"), params, events_per_batch=1_000)

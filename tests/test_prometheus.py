@@ -37,7 +37,7 @@ def _of(got: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, com
 
 @pytest.mark.timeout(900)
 def test_the_endpoint_counts_what_the_metrics_table_counts_while_the_pipeline_runs(
-        spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+        spark, zk_config, tmp_path, migrated_at) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.executor.protocol.exporter import stop_metrics_server
     from deltawheel.executor.protocol.metrics import read_batches
 
@@ -45,8 +45,9 @@ def test_the_endpoint_counts_what_the_metrics_table_counts_while_the_pipeline_ru
     folder = tmp_path / "input"
     write_file(folder, "part-0.parquet", rows[:50])
     lines: list[str] = []
+    store = migrated_at(tmp_path / "store").root  # a migrated copy: connect migrating a new store runs in test_connect.py
     try:
-        with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts,
+        with deltawheel.connect(spark, store=store, zk=zk_config.hosts,
                                 zk_chroot=zk_config.chroot, pipeline="clicks") as engine:
             engine.progress = lines.append
             run = engine.start_pipeline(make(str(folder), schema=SCHEMA), metrics_port=0)

@@ -42,7 +42,7 @@ def balance_commits(spark: Any, layout: Any) -> list[Any]:
 
 @pytest.mark.timeout(2400)
 def test_promote_of_a_stage_fed_by_input_files_while_the_pipeline_runs(  # type: ignore[no-untyped-def]
-        spark, zk_config, tmp_path, capsys, monkeypatch) -> None:
+        spark, zk_config, tmp_path, capsys, monkeypatch, migrated_at) -> None:
     from balance_pipeline import INPUT_ENV, make, payment_rows, write_payments
     from deltawheel.executor.drivers.promote import promote
     from deltawheel.executor.drivers.replay import load_code, shadow_chroot
@@ -54,7 +54,7 @@ def test_promote_of_a_stage_fed_by_input_files_while_the_pipeline_runs(  # type:
     import deltawheel
 
     folder, store, into = tmp_path / "input", tmp_path / "store", tmp_path / "shadow"
-    layout, shadow = StoreLayout(str(store)), StoreLayout(str(into))
+    layout, shadow = migrated_at(store), StoreLayout(str(into))  # a migrated copy: connect migrating a new store runs in test_connect.py
     first_mtime = int(time.time()) - 3600
     payments: dict[str, list[dict[str, Any]]] = {}
 

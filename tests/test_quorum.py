@@ -113,8 +113,8 @@ def test_a_batch_pauses_without_quorum_while_publishing_watermarks_and_completes
 
 
 @pytest.mark.timeout(300)
-def test_max_pause_stops_a_pipeline_run_whose_zookeeper_does_not_serve(spark, zk_server, zk_config,
-                                                                       tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_max_pause_stops_a_pipeline_run_whose_zookeeper_does_not_serve(spark, zk_server, zk_config,  # type: ignore[no-untyped-def]
+                                                                       tmp_path, migrated_at) -> None:
     """PipelineRunner(max_pause_s=...) reaches the batch: ZooKeeper cut off right before step 7 of the
     first batch, the run stops with LeaseSuspendedError after that pause (not after the session
     timeout, not never)."""
@@ -124,7 +124,6 @@ def test_max_pause_stops_a_pipeline_run_whose_zookeeper_does_not_serve(spark, zk
     from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.exceptions import LeaseSuspendedError
-    from deltawheel.statestore.layout import StoreLayout
     from executor_util import ByRecordKey
     from test_coordinator import _input
     from test_leases import CutProxy
@@ -139,7 +138,8 @@ def test_max_pause_stops_a_pipeline_run_whose_zookeeper_does_not_serve(spark, zk
 
     inj = ParquetInjector("events", str(_input(tmp_path / "in")), key_column="key", event_time_column="event_time",
                           value_columns=[], record_id_column="record_id", watermark_delay_ms=2_000, max_files_per_trigger=1)
-    runner = PipelineRunner(spark, StoreLayout(str(tmp_path / "store")), Pipeline("paused", (inj,), (ByRecordKey(),)),
+    layout = migrated_at(tmp_path / "store")  # a migrated copy: connect migrating a new store runs in test_connect.py
+    runner = PipelineRunner(spark, layout, Pipeline("paused", (inj,), (ByRecordKey(),)),
                             zk=replace(zk_config, hosts=f"127.0.0.1:{proxy.port}"), faults=faults, wait_s=20,
                             max_pause_s=1.5)
     try:

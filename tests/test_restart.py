@@ -114,7 +114,7 @@ def test_a_killed_instance_restarted_under_its_name_takes_over_at_once_and_count
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("columnar", [False, True], ids=["per-record", "columnar"])
 def test_an_older_process_with_the_same_instance_name_commits_nothing_after_the_takeover(  # type: ignore[no-untyped-def]
-        spark, zk_server, tmp_path, chroot, columnar) -> None:
+        spark, zk_server, tmp_path, chroot, columnar, migrated_at) -> None:
     """Two live processes started with one instance name by mistake: the newer takes the
     intervals, the older's next batch fails with LeaseLostError (its lease check, before any
     I/O) and, past that check, its commit is fenced (StaleSequencerError): nothing of it lands.
@@ -127,6 +127,7 @@ def test_an_older_process_with_the_same_instance_name_commits_nothing_after_the_
     import deltawheel
 
     store = tmp_path / "store"
+    migrated_at(store)  # a migrated copy: connect migrating a new store runs in test_connect.py
 
     def frame(keys: list[str], base: int) -> Any:
         from deltawheel.statestore.writepath.streams import stream_schema_ddl

@@ -205,13 +205,14 @@ def test_two_applications_appending_lose_no_commit(spark, other_app, s3_bucket) 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("entry", [pytest.param("inline", marks=pytest.mark.slow), "temporary file"])  # inline: slow suite (time)
-def test_a_writer_dying_after_its_entry_is_completed_by_the_next_reader(spark, object_store, zk_server,  # type: ignore[no-untyped-def]
+def test_a_writer_dying_after_its_entry_is_completed_by_the_next_reader(spark, other_app,  # type: ignore[no-untyped-def]
                                                                          s3_bucket, entry) -> None:
     """The dead writer's bytes wait in its ZooKeeper entry (a small commit) or in a temporary
     file the entry names (a commit above the inline limit: here the limit is 0)."""
     table = f"s3a://{s3_bucket}/crash-{uuid.uuid4().hex[:8]}"
     spark.sql("SELECT 'init' AS writer, 0 AS i").write.format("delta").save(table)
-    child = _child(object_store, zk_server, "crash", table, "dead", *(["0"] if entry != "inline" else []))
+    # the other application dies in it: the last of this module's tests to use it (the next gets a new one)
+    child = other_app.command("crash", table, "dead", *(["0"] if entry != "inline" else []))
     _go(child)
     out, _ = child.communicate(timeout=300)
     assert child.returncode != 0 and "NOT REACHED" not in out

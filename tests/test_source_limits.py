@@ -74,7 +74,7 @@ def test_a_file_that_does_not_match_the_given_schema_is_refused(spark: Any, tmp_
 @pytest.mark.zk
 @pytest.mark.timeout(600)
 def test_a_parquet_injector_with_a_schema_starts_on_an_empty_folder(spark: Any, zk_config: Any,
-                                                                     tmp_path: Path) -> None:
+                                                                     tmp_path: Path, migrated_at: Any) -> None:
     """The query starts before any file exists; files renamed in later are each read once, by the
     tasks themselves (the direct read works from the given schema)."""
     from executor_util import Copier, stream_rows
@@ -83,7 +83,8 @@ def test_a_parquet_injector_with_a_schema_starts_on_an_empty_folder(spark: Any, 
     folder = tmp_path / "in"
     folder.mkdir()
     events = ParquetInjector("events", str(folder), schema=SCHEMA, **ARGS)
-    with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+    store = migrated_at(tmp_path / "store").root  # a migrated copy: connect migrating a new store runs in test_connect.py
+    with deltawheel.connect(spark, store=store, zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                             pipeline="empty_start") as engine:
         engine.progress = False
         query = engine.start(events, Copier(), trigger="200 milliseconds")

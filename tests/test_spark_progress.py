@@ -26,12 +26,14 @@ def _executed(query: Any) -> list[Any]:
 
 
 @pytest.mark.timeout(600)
-def test_spark_progress_counts_the_rows_a_direct_read_batch_read(spark: Any, zk_config: Any, tmp_path: Path) -> None:
+def test_spark_progress_counts_the_rows_a_direct_read_batch_read(spark: Any, zk_config: Any, tmp_path: Path,
+                                                                  migrated_at: Any) -> None:
     rows = click_rows(90)
     folder = tmp_path / "input"
     write_file(folder, "part-0.parquet", rows[:50])
     clicks = _clicks(folder)
-    with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+    store = migrated_at(tmp_path / "store").root  # a migrated copy: connect migrating a new store runs in test_connect.py
+    with deltawheel.connect(spark, store=store, zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                             pipeline="progress") as engine:
         engine.progress = False
         query = engine.start(clicks, UserMinutes())
@@ -52,7 +54,7 @@ def test_spark_progress_counts_the_rows_a_direct_read_batch_read(spark: Any, zk_
 
 @pytest.mark.timeout(600)
 def test_a_direct_read_batch_shows_its_rows_in_a_few_py4j_calls_once_the_query_is_known(
-        spark: Any, zk_config: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        spark: Any, zk_config: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, migrated_at: Any) -> None:
     # the query and its scan's place among the plan's leaves are looked up at the first batch only;
     # each later batch walks to the metric directly (the figure itself checked as above)
     import threading
@@ -87,7 +89,8 @@ def test_a_direct_read_batch_shows_its_rows_in_a_few_py4j_calls_once_the_query_i
     for i, part in enumerate((rows[:30], rows[30:60], rows[60:])):
         write_file(folder, f"part-{i}.parquet", part)
     clicks = _clicks(folder)
-    with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+    store = migrated_at(tmp_path / "store").root  # a migrated copy: connect migrating a new store runs in test_connect.py
+    with deltawheel.connect(spark, store=store, zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                             pipeline="progress_calls") as engine:
         engine.progress = False
         query = engine.start(clicks, UserMinutes())

@@ -75,8 +75,9 @@ def injector(folder: Path) -> ParquetInjector:
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])
 def test_idle_keys_expire_in_event_time_with_no_further_records(spark, zk_server, tmp_path,  # type: ignore[no-untyped-def]
-                                                                write_path: str) -> None:
+                                                                write_path: str, migrated_at) -> None:
     folder, store = tmp_path / "clicks", tmp_path / "store"
+    migrated_at(store)  # a migrated copy: connect migrating a new store runs in test_connect.py
     write_clicks(folder, "part-0.parquet", [("ann", T + 1_000), ("bob", T + 2_000), ("cy", T + 3_000)],
                  mtime=1_000_000)
     write_clicks(folder, "part-1.parquet", [("cy", T + 5 * MINUTE)], mtime=1_000_100)
@@ -97,8 +98,10 @@ def test_idle_keys_expire_in_event_time_with_no_further_records(spark, zk_server
 
 
 @pytest.mark.timeout(1500)
-def test_idle_keys_expire_in_processing_time_in_a_later_run(spark, zk_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_idle_keys_expire_in_processing_time_in_a_later_run(  # type: ignore[no-untyped-def]
+        spark, zk_server, tmp_path, migrated_at) -> None:
     folder, store = tmp_path / "clicks", tmp_path / "store"
+    migrated_at(store)  # a migrated copy: connect migrating a new store runs in test_connect.py
     clock = ManualClock(T)
     write_clicks(folder, "part-0.parquet", [("ann", T + 1_000), ("bob", T + 2_000), ("cy", T + 3_000)],
                  mtime=1_000_000)
@@ -116,8 +119,9 @@ def test_idle_keys_expire_in_processing_time_in_a_later_run(spark, zk_server, tm
 
 @pytest.mark.timeout(1500)
 def test_a_v2_computation_upgrades_the_v1_rows_it_touches_while_the_pipeline_runs(  # type: ignore[no-untyped-def]
-        spark, zk_server, tmp_path) -> None:
+        spark, zk_server, tmp_path, migrated_at) -> None:
     folder, store = tmp_path / "clicks", tmp_path / "store"
+    migrated_at(store)  # a migrated copy: connect migrating a new store runs in test_connect.py
     write_clicks(folder, "part-0.parquet", [("ann", T + 1_000), ("ann", T + 2_000), ("bob", T + 3_000),
                                             ("bob", T + 3_500)], mtime=1_000_000)
     with deltawheel.connect(spark, store=str(store), zk=zk_server.hosts, pipeline="ver") as engine:

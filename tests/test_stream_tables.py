@@ -24,17 +24,13 @@ def _detail(spark: Any, path: str) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(600)
-def test_a_stream_table_made_from_python_is_the_table_spark_makes(spark, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_stream_table_made_from_python_is_the_table_spark_makes(  # type: ignore[no-untyped-def]
+        spark, tmp_path, monkeypatch, migrated_at) -> None:
     from deltawheel.statestore.inspection.sqlviews import register_views
-    from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.writepath import streams
     from executor_util import events
 
-    from deltawheel import migrations
-
-    py, sp = StoreLayout(str(tmp_path / "py")), StoreLayout(str(tmp_path / "sp"))
-    for layout in (py, sp):
-        migrations.apply(spark, layout, dry_run=False)
+    py, sp = migrated_at(tmp_path / "py"), migrated_at(tmp_path / "sp")  # migrated copies (the migrations: test_migrations.py)
     made: list[str] = []
     create = streams._create_local
     monkeypatch.setattr(streams, "_create_local", lambda s, folder, name: made.append(folder) or create(s, folder, name))

@@ -22,6 +22,7 @@ from deltawheel.statestore.rowtable.rows import interval_of
 from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.zk.client import connect
 from deltawheel.statestore.zk.members import Membership
+from deltawheel.statestore.zk.watermarks.codec import Znodes
 from executor_util import state_of, stream_rows
 from hypothesis import given
 from hypothesis import strategies as st
@@ -425,3 +426,49 @@ def test_an_unreadable_input_file_set_is_a_codec_error() -> None:
         inputfiles.decode(b"\xff")
     with pytest.raises(CodecError, match="upgrade deltawheel"):
         inputfiles.decode(b'{"format_version": 2, "input_files": []}')
+
+
+@pytest.mark.timeout(600)
+def test_a_takeover_catch_up_judges_lateness_by_the_taken_intervals_not_the_takers(
+        spark: Any, zk_config: Any, tmp_path: Path, migrated_at: Any) -> None:
+    """Found by a 60-minute chaos run (386 windows missing): b held intervals 2 and 3 and had read
+    far ahead; it took over 0 and 1 from a, gone after file 1, and caught up on files 2-5 for them.
+    The catch-up judged lateness by b's own newest mark (its intervals' watermark, windows ahead)
+    and dropped the backlog as too late. An interval's records are late only behind what a batch
+    of that interval acted on: the panes are those of one instance reading everything."""
+    from deltawheel import FixedWindows, windowed
+
+    def run(folder: Path, store: str, instance: str | None, intervals: list[int] | None) -> list[Any]:
+        inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="t",
+                              watermark_delay_ms=1_000, max_files_per_trigger=1, max_event_ahead_ms=None)
+        sums = windowed(name="sums", inputs={"events": RECORD_KEY}, output="sums", windowing=FixedWindows(10_000),
+                        combine="count")
+        layout = StoreLayout(str(tmp_path / store))
+        if not Path(layout.root).exists():
+            migrated_at(Path(layout.root))
+        r = PipelineRunner(spark, layout, Pipeline(store, (inj,), (sums,)), zk=zk_config, wait_s=20,
+                           instance=instance, intervals=intervals, warm_workers=False,
+                           end_of_input=intervals is None)  # a and b's first run: their input goes on
+        summary = r.run()
+        if instance == "b" and intervals is None:
+            caught = [rep for rep in summary.reports["sums"] if rep.batch_id == CATCH_UP_BATCH]
+            assert caught and caught[0].records_in > 0 and caught[0].late == 0, caught
+        return sorted(row[1:] for row in stream_rows(spark, layout, "sums"))
+
+    everything, folder = tmp_path / "all", tmp_path / "in"
+    for n in range(6):  # file n: window n
+        write_file(everything, n)
+    single = run(everything, "single", None, None)
+    for n in range(2):
+        write_file(folder, n)
+    run(folder, "shared", "a", [0, 1])  # a: files 0 and 1 for intervals 0 and 1, then gone
+    client = connect(zk_config)
+    try:  # a gone: its estimate of the injector no longer holds b's watermark back
+        client.delete(f"{Znodes('shared').instances('events')}/a", recursive=True)
+    finally:
+        client.stop()
+        client.close()
+    for n in range(2, 6):
+        write_file(folder, n)
+    run(folder, "shared", "b", [2, 3])  # b: every file for intervals 2 and 3 (its watermark far ahead)
+    assert run(folder, "shared", "b", None) == single  # b takes every interval: a catch-up on 0 and 1

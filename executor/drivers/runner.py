@@ -333,7 +333,7 @@ class PipelineRunner:
         if not files:
             return None
         self.progress(f"{ex.comp.name}: catching up on {len(files)} input files for intervals taken over")
-        return ex.run_batch(shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
+        return ex.catch_up(shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
 
     def _shutdown(self, execs: dict[str, ComputationExecutor | None], leases: LeaseManager | None, *,
                   failing: BaseException | None, member: Membership | None = None) -> None:

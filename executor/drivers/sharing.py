@@ -186,7 +186,7 @@ class Sharing:
             if files:
                 self.progress(f"{comp.name}: catching up on {len(files)} input files for intervals taken over")
                 ex.upstream_caps, ex.input_hold_ms = dict(caps), hold
-                ex.run_batch(shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
+                ex.catch_up(shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
             # caught up: a gone earlier holder no longer holds the injectors' watermarks back
             wiring.authority.record_caught_up(comp.name, owner.sequencers)
             for inj in feeding:

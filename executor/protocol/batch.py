@@ -34,7 +34,7 @@ from ..tasks.job import BatchCounts, BatchRun
 from .batchstate import BatchState, BatchStatus, retry_stale_view
 from .exporter import active_exporter
 from .faults import FaultPoint
-from .lateness import ActedMark, read_mark
+from .lateness import ActedMark, newest_marks, read_mark
 from .metrics import batch_row, state_size
 from .reports import BatchReport, format_report
 from .sparkprogress import show_input_rows
@@ -49,6 +49,10 @@ T = TypeVar("T")
 
 
 __all__ = ["BatchProtocol", "BatchState", "JOB_DESCRIPTION", "STALE_VIEW_ATTEMPTS", "retry_stale_view"]
+
+
+#: A lateness watermark before every event time: no record is late.
+NOTHING_LATE = -(2**62)
 
 
 class BatchProtocol:
@@ -205,6 +209,20 @@ class BatchProtocol:
             held, sets = set(ex.owner.intervals), ex.owner.store.input_files(ex.comp.name)
             ex.shared.done = {iv: fs for iv, fs in sets.items() if iv in held}
             ex.shared.recorded = frozenset().union(*sets.values())  # every interval's: the catch-up's pruned rule
+
+    def catch_up_lateness(self) -> int:
+        """What a catch-up batch on intervals taken over judges lateness with: the oldest of the held
+        intervals' newest marks (an interval's records are late only behind what a batch of that
+        interval acted on; the newest mark of all may be another interval's, far ahead: a takeover's
+        backlog would be dropped as late). An interval never committed: nothing is late."""
+        ex = self.ex
+        held = set(ex.owner.intervals)
+        per: dict[int, int | None] = {}
+        for m in newest_marks(ex.spark, ex.layout.rows, ex.comp.name, sorted(held)):  # newest first
+            for iv in held.intersection(m.intervals) - per.keys():
+                per[iv] = m.acted_ms
+        known = [per.get(iv) for iv in held]
+        return NOTHING_LATE if any(v is None for v in known) else min(v for v in known if v is not None)
 
     def _lateness(self, df: Any | None, batch_id: int,
                   wm_in: int | None) -> tuple[int | None, int | None, int | None]:

@@ -226,6 +226,22 @@ class ComputationExecutor:
         return self._run(df, batch_id, input_watermark_ms=input_watermark_ms, use_authority=use_authority,
                          input_files=input_files, late_watermark_ms=late_watermark_ms)
 
+    def catch_up(self, df: Any, batch_id: int, *, input_files: Sequence[str]) -> BatchReport:
+        """A catch-up batch of intervals taken over (``drivers/sharing.py``): lateness judged per
+        interval (:meth:`BatchProtocol.catch_up_lateness`), no input watermark (nothing fires in it);
+        the batches after it judge lateness as before it."""
+        protocol = self._protocol
+        self.wait_started()
+        before = protocol.acted
+        unknown: dict[str, int | None] = {u.partition(":")[2]: None for u in self.upstream
+                                          if u.startswith("computation:")}
+        caps, self.upstream_caps = self.upstream_caps, unknown
+        try:
+            return self.run_batch(df, batch_id, input_files=input_files,
+                                  late_watermark_ms=protocol.catch_up_lateness())
+        finally:
+            protocol.acted, self.upstream_caps = before, caps
+
     def _run(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None = None,
              use_authority: bool = True, input_files: Sequence[str] | None = None,
              background: bool = False, late_watermark_ms: int | None = None) -> BatchReport:

@@ -143,7 +143,9 @@ def test_promote_of_a_stage_fed_by_input_files_while_the_pipeline_runs(  # type:
             stop_writing.set()
             feeding.join()
         assert [line for line in lines if "balance: handing intervals over to promote" in line]
-        assert [line for line in lines if "balance: intervals taken again after promote" in line]
+        # the live stage takes them again once the request is gone: after promote returned
+        wait_for("the live stage took its intervals again", lambda: any(
+            "balance: intervals taken again after promote" in line for line in lines), run, timeout_s=300)
         phases = [p["phase"] for p in result["phases"]]
         assert any(p.startswith("catch-up before the hand-over") for p in phases), phases
         paused = [p["phase"] for p in result["phases"] if p["paused"]]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import Any, Callable
 
 import pytest
 from continuous_pipeline import click_rows, closing_rows, expected, make, outputs, write_file
@@ -37,6 +38,19 @@ pytestmark = [pytest.mark.spark, pytest.mark.zk]
 def _held(client: object, instance: str) -> list[int]:
     return sorted(r["interval"] for r in list_leases(client, pipeline="clicks")  # type: ignore[arg-type]
                   if r["computation"] == "user_minutes" and r["owner"] is not None and r.get("instance") == instance)
+
+
+def _all_held_then_every_row_once(spark: object, client: object, layout: StoreLayout, run: Any,
+                                  clicks: list[dict[str, Any]], last_file: Callable[[], None]) -> None:
+    """``a`` holds every interval again; after ``last_file`` each stream holds every row once."""
+    wait_for("a holds every interval", lambda: _held(client, "a") == [0, 1, 2, 3], runs=(run,), timeout_s=300)
+    last_file()
+    want_users, want_totals = expected(clicks)
+    wait_for("both streams hold every row", lambda: len(outputs(spark, layout)[1]) >= len(want_totals),
+             runs=(run,), timeout_s=300)
+    time.sleep(2.0)  # a duplicate would land by now
+    assert outputs(spark, layout) == (want_users, want_totals)
+    run.stop()
 
 
 @pytest.mark.timeout(1200)
@@ -70,15 +84,8 @@ def test_after_a_tool_a_shared_instance_takes_its_free_intervals_and_not_one_tak
             assert time.monotonic() - t0 < 45, lines
             assert _held(client, "a") == [0, 2, 3]
             other.release()  # b goes: a takes interval 1 at a later look at the target
-            wait_for("a holds every interval again", lambda: _held(client, "a") == [0, 1, 2, 3], runs=(run,),
-                     timeout_s=300)
-            write_file(folder, "part-1.parquet", clicks[60:] + closing_rows(clicks))
-            want_users, want_totals = expected(clicks)
-            wait_for("both streams hold every row", lambda: len(outputs(spark, layout)[1]) >= len(want_totals),
-                     runs=(run,), timeout_s=300)
-            time.sleep(2.0)  # a duplicate would land by now
-            assert outputs(spark, layout) == (want_users, want_totals)
-            run.stop()
+            _all_held_then_every_row_once(spark, client, layout, run, clicks,
+                                          lambda: write_file(folder, "part-1.parquet", clicks[60:] + closing_rows(clicks)))
     finally:
         other.close()
         client.stop()
@@ -123,15 +130,8 @@ def test_two_instances_started_together_take_their_shares_without_waiting_for_ea
             assert _held(client, "a") == [0, 1] and _held(client, "b") == [2, 3]
             b_member.leave()
             b.release()
-            wait_for("a holds every interval", lambda: _held(client, "a") == [0, 1, 2, 3], runs=(run,),
-                     timeout_s=300)
-            write_file(folder, "part-1.parquet", closing_rows(clicks))
-            want_users, want_totals = expected(clicks)
-            wait_for("both streams hold every row", lambda: len(outputs(spark, layout)[1]) >= len(want_totals),
-                     runs=(run,), timeout_s=300)
-            time.sleep(2.0)  # a duplicate would land by now
-            assert outputs(spark, layout) == (want_users, want_totals)
-            run.stop()
+            _all_held_then_every_row_once(spark, client, layout, run, clicks,
+                                          lambda: write_file(folder, "part-1.parquet", closing_rows(clicks)))
     finally:
         b.close()
         b_client.stop()

@@ -228,8 +228,9 @@ class ComputationExecutor:
 
     def catch_up(self, df: Any, batch_id: int, *, input_files: Sequence[str]) -> BatchReport:
         """A catch-up batch of intervals taken over (``drivers/sharing.py``): lateness judged per
-        interval (:meth:`BatchProtocol.catch_up_lateness`), no input watermark (nothing fires in it);
-        the batches after it judge lateness as before it."""
+        interval (:meth:`BatchProtocol.catch_up_lateness`), upstream computations' watermarks unknown
+        (their timers do not fire in it; an injector's do); the batches after it judge lateness as
+        before it."""
         protocol = self._protocol
         self.wait_started()
         before = protocol.acted

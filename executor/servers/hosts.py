@@ -1,9 +1,7 @@
 """A test bed of hosts that share nothing, on this machine (``deltawheel cluster up --hosts``).
 
-Eight hosts, each a network namespace on one bridge (:mod:`.netns`): ``s3``, ``zk1``-``zk3``,
-``master``, ``worker1``, ``worker2`` and ``client``. A cluster host sees Java, the system's Python,
-the read-only Spark installation in ``<data>/spark`` and its own folder ``<data>/<host>``, not the
-repository; the client host keeps the machine's files. Services use their usual ports.
+Eight hosts on one bridge (:mod:`.netns`): ``s3``, ``zk1``-``zk3``, ``master``, ``worker1``,
+``worker2`` and ``client``; what each sees: docs/cluster.md.
 """
 
 from __future__ import annotations

@@ -42,17 +42,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     sub = p.add_subparsers(dest="bench_command", metavar="BENCHMARK")
     sub.required = True
     benchmarks: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], str]] = [
-        ("throughput", "records/s of several engines on the same workload", add_throughput_arguments, "throughput"),
+        ("throughput", "records/s of several engines on the same workload", add_throughput_arguments,
+         "throughput"),
         ("cache", "row cache hit rates: window-aware vs LRU vs optimal on the workload's trace",
          add_cache_arguments, "cachebench"),
         ("watermarks", "injector watermark estimates side by side: lag against late records",
          add_watermark_arguments, "watermarks"),
         ("latency", "per-record latency from arrival to a visible Delta commit, engines side by side",
          add_latency_arguments, "latency"),
-        ("restart", "seconds from restarting a SIGKILLed continuous job to its first committed batch, with and "
-         "without an instance name (docs/continuous.md)", add_restart_arguments, "restart"),
-        ("commits", "the commit ceiling of one store: N writers' batches on a folder and on s3a:// behind real "
-         "network latency (Toxiproxy; docs/scale.md)", add_commits_arguments, "commits"),
+        ("restart", "seconds from restarting a SIGKILLed continuous job to its first committed batch, with "
+         "and without an instance name (docs/continuous.md)", add_restart_arguments, "restart"),
+        ("commits", "the commit ceiling of one store: N writers' batches on a folder and on s3a:// behind "
+         "real network latency (Toxiproxy; docs/scale.md)", add_commits_arguments, "commits"),
         ("tasks", "run image tasks captured with DELTAWHEEL_TASK_CAPTURE=DIR again in one process and print "
          "their CPU seconds", add_tasks_arguments, "taskreplay"),
     ]

@@ -298,9 +298,8 @@ class _Harness:
         return heal, note + (f"; its log: {seen[0][:200]}" if seen else "")
 
     def net_cut(self, f: PlannedFault, d: Driver) -> tuple[float, str]:
-        """Cut driver ``d``'s network (its proxies disabled) for the fault's duration and restore it;
-        watch it for the session timeout, and if its session expired (its member znode gone or of
-        another session), until it stopped (on its lost leases) and was started again."""
+        """Cut driver ``d``'s proxies for the fault's duration and restore them; watch it for the
+        session timeout and, if its session expired, until it stopped and was started again."""
         assert self.netcut is not None
         with self.lock:
             exits_before, starts = len(self.run.exits), d.starts

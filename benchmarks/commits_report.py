@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from .commits_writer import WriterStats
 
-__all__ = ["summarize", "point_line", "plot", "percentile", "markdown_table"]
+__all__ = ["summarize", "point_line", "plot", "percentile"]
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -99,20 +99,3 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
-
-
-def markdown_table(result: dict[str, Any]) -> str:
-    """The points of ``result`` as the Markdown table docs/scale.md shows."""
-    head = ("| store | latency | shape | N | commits/s (table = store) | slowest writer commits/s | commit p50 / p99 ms "
-            "| batch p50 / p99 ms | retries / commit | conflicts / commit | failed batches | writers without a commit "
-            "| ZooKeeper writes / batch | ZooKeeper writes/s | load (1 min) |")
-    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
-    for p in result["points"]:
-        lat = "-" if p["target"] == "local" else f"{p['latency_ms']} ms"
-        lines.append(
-            f"| {p['target']} | {lat} | {p['shape']} | {p['writers']} | {p['commits_per_s_store']:.1f} "
-            f"| {min(p['commits_per_s_per_writer']):.1f} | {p['commit_p50_ms']} / {p['commit_p99_ms']} "
-            f"| {p['batch_p50_ms']} / {p['batch_p99_ms']} | {p['retries_per_commit']} | {p['conflicts_per_commit']} "
-            f"| {p['failed_batches']} | {p['writers_without_commit']} | {p['zk_writes_per_batch']} "
-            f"| {p['zk_writes_per_s']} | {p['load_avg_1m']} |")
-    return "\n".join(lines)

@@ -18,7 +18,7 @@ from .memory import measured_run_ended
 from .workload import WIN_MS, WorkloadData, check_output
 
 __all__ = ["ProgressFn", "Engine", "EngineResult", "build_result", "SPARK_BENCH_CONF", "ROCKSDB_PROVIDER",
-           "SparkSqlEngine", "SparkTwsEngine", "StreamingRun", "run_streaming_query"]
+           "SparkSqlEngine", "SparkTwsEngine", "StreamingRun", "run_streaming_query", "fresh_dir"]
 
 ProgressFn = Callable[[str], None]
 
@@ -140,7 +140,8 @@ class StreamingRun:
                    for p in self.progresses for op in p.get("stateOperators", []))
 
 
-def _fresh_dir(path: Path) -> Path:
+def fresh_dir(path: Path) -> Path:
+    """``path`` made an empty folder (its old content deleted)."""
     if path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True)
@@ -219,7 +220,7 @@ class SparkSqlEngine:
         sink: Path | str
         ckpt: Path | str
         if store is None:
-            base = _fresh_dir(Path(out_dir) / self.name)
+            base = fresh_dir(Path(out_dir) / self.name)
             sink, ckpt = base / "output", base / "checkpoint"
         else:
             sink, ckpt = f"{store}/{self.name}/output", f"{store}/{self.name}/checkpoint"
@@ -308,7 +309,7 @@ class SparkTwsEngine:
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any,
             progress: ProgressFn | None = None) -> EngineResult:
         """Run the per-key window count processor over the input files (availableNow) and judge it."""
-        base = _fresh_dir(Path(out_dir) / self.name)
+        base = fresh_dir(Path(out_dir) / self.name)
         sink, ckpt = base / "output", base / "checkpoint"
         out = (_input_stream(spark, data)
                .select("key", "event_time")

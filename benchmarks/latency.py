@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .args import add_latency_arguments
+from .engines_spark import SPARK_BENCH_CONF, fresh_dir
 from .latency_deltawheel import DeltaWheelLatencyEngine
 from .latency_engines import (
     FileInput,
@@ -111,13 +111,6 @@ class LatencySettings:
             raise LatencyBenchError(f"--prewarm must be >= 0 seconds, not {self.prewarm_s:g}")
         if self.generator not in Generator.MODES:
             raise LatencyBenchError(f"--generator must be one of {Generator.MODES}, not {self.generator!r}")
-
-
-def _fresh(path: Path) -> Path:
-    if path.exists():
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
-    return path
 
 
 def _drained(schedule: Schedule, tails: Sequence[DeltaLogTail], kinds: Sequence[str], expected: int) -> bool:
@@ -316,10 +309,10 @@ def _run_engines(st: LatencySettings, *, session: Any, out: Path, say: Say) -> t
                            seed=st.seed + 1, watch_log=False,
                            progress_every_s=max(st.progress_every_s, st.prewarm_s))
             say(f"[{name}] pre-warm run of {st.prewarm_s:g} s (not measured)")
-            w = _run_engine(name, warm, spark=session, work=_fresh(out / "prewarm" / name), say=say)
+            w = _run_engine(name, warm, spark=session, work=fresh_dir(out / "prewarm" / name), say=say)
             prewarm[name] = {"ok": w["ok"], "error": w["error"], "latency_s": w["latency_s"]}
         with MemorySampler(interval_s=1.0) as mem:
-            res = _run_engine(name, st, spark=session, work=_fresh(out / "engines" / name), say=say)
+            res = _run_engine(name, st, spark=session, work=fresh_dir(out / "engines" / name), say=say)
         res["peak_memory"] = mem.peak.to_dict()
         engines[name] = res
         lat = res["latency_s"]
@@ -336,8 +329,6 @@ def run_latency(st: LatencySettings, *, spark: Any = None, progress: Say | None 
     """
     st.check()
     say = progress or (lambda _m: None)
-    from .engines_spark import SPARK_BENCH_CONF
-
     conf = {**SPARK_BENCH_CONF, "spark.sql.streaming.numRecentProgressUpdates": "10000"}
     out = Path(st.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -358,7 +349,7 @@ def run_latency(st: LatencySettings, *, spark: Any = None, progress: Say | None 
     if st.source == "kafka" and st.kafka is None:  # a local broker for this run
         from deltawheel.executor.servers.kafka import KafkaBroker
 
-        broker = KafkaBroker(_fresh(out / "kafka"))
+        broker = KafkaBroker(fresh_dir(out / "kafka"))
         broker.start()
         st = replace(st, kafka=broker.bootstrap_servers)
         say(f"Kafka broker started on {st.kafka} (data in {out / 'kafka'})")

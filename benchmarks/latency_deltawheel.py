@@ -17,7 +17,6 @@ from .latency_kafka import KafkaInput
 __all__ = ["RunningCount", "DeltaWheelLatencyEngine", "records_from_stream"]
 
 
-
 class RunningCount(Computation):
     """A count per key; every record produces its key's new count."""
 
@@ -91,6 +90,13 @@ def records_from_kafka_stream(t: pa.Table) -> pa.Table:
                      "count": pc.cast(n, pa.int64())})
 
 
+def _collect(reports: Any, seen: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Add an executor's batch reports (steps, records, watermarks) to ``seen`` by batch id."""
+    for r in list(reports):
+        seen[r.batch_id] = {**asdict(r), "steps_s": dict(r.steps_s)}
+    return dict(seen)
+
+
 class _DeltaWheelRun(SparkRun):
     def __init__(self, engine: Any, query: Any, executor: Any, outputs: tuple[StageOutput, ...],
                  settings: dict[str, Any]) -> None:
@@ -100,12 +106,8 @@ class _DeltaWheelRun(SparkRun):
         self._reports: dict[int, dict[str, Any]] = {}
 
     def batch_details(self, stage: int) -> dict[int, dict[str, Any]]:
-        """The executor's batch reports by batch id (steps, records, watermarks)."""
-        for r in list(self.executor.reports):
-            d = asdict(r)
-            d["steps_s"] = dict(r.steps_s)
-            self._reports[r.batch_id] = d
-        return dict(self._reports)
+        """The executor's batch reports by batch id."""
+        return _collect(self.executor.reports, self._reports)
 
     def stop(self) -> None:
         """Stop the query and the executor (the last delivery lands, leases go back), close the engine."""
@@ -124,13 +126,8 @@ class _DeltaWheelPipelineRun(SparkRun):
         self._reports: list[dict[int, dict[str, Any]]] = [{} for _ in names]
 
     def batch_details(self, stage: int) -> dict[int, dict[str, Any]]:
-        """The stage's executor's batch reports by batch id (steps, records, watermarks)."""
-        seen = self._reports[stage - 1]
-        for r in list(self.run.executors[self.names[stage - 1]].reports):
-            d = asdict(r)
-            d["steps_s"] = dict(r.steps_s)
-            seen[r.batch_id] = d
-        return dict(seen)
+        """The stage's executor's batch reports by batch id."""
+        return _collect(self.run.executors[self.names[stage - 1]].reports, self._reports[stage - 1])
 
     def error(self) -> str | None:
         """A stage's failed batch (its typed error), or a query that ended."""
@@ -148,6 +145,29 @@ class _DeltaWheelPipelineRun(SparkRun):
         self.engine.close()
 
 
+def _connect(spark: Any, work_dir: Path, zk: str | None) -> Any:
+    import deltawheel
+
+    return deltawheel.connect(spark, store=str(work_dir / "store"), pipeline="latency", zk=zk,
+                              zk_chroot=f"/deltawheel-latency-{uuid.uuid4().hex[:12]}")
+
+
+def _file_injector(source: FileInput) -> Any:
+    from deltawheel.executor.sources.parquet import ParquetInjector
+
+    return ParquetInjector("events", str(source.folder), key_column="key", event_time_column="event_time",
+                           value_columns=[], record_id_column="record_id", watermark_delay_ms=1_000)
+
+
+def _settings(zk: str | None, *, intervals: int, inj: Any, executor: Any, **extra: str) -> dict[str, Any]:
+    return {"trigger": DEFAULT_TRIGGER, "max_files_per_trigger": getattr(inj, "max_files_per_trigger", None),
+            "exactly_once": True, "strong_productions": True, "num_intervals": intervals,
+            "codec": RunningCount.codec, "write_path": executor.write_path,
+            "direct_read": executor.direct_source is not None,
+            "watermark_delay_ms": 1_000, "zookeeper": "the store's embedded server" if zk is None else zk,
+            **extra}
+
+
 class DeltaWheelLatencyEngine:
     """The running count through ``engine.start``; with 3 stages or Kafka, ``engine.start_pipeline``."""
 
@@ -159,37 +179,25 @@ class DeltaWheelLatencyEngine:
 
     def start(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
         """Connect a fresh store under ``work_dir`` and start the computation's query."""
-        from deltawheel.executor.sources.parquet import ParquetInjector
-
-        import deltawheel
-
         _check_stages(self.name, stages, self.stages)
         if stages > 1 or isinstance(source, KafkaInput):
             return self._start_pipeline(source, spark=spark, work_dir=work_dir, stages=stages)
-        store, chk = work_dir / "store", work_dir / "checkpoint"
+        chk = work_dir / "checkpoint"
         intervals = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        engine = deltawheel.connect(spark, store=str(store), pipeline="latency", zk=self.zk,
-                                    zk_chroot=f"/deltawheel-latency-{uuid.uuid4().hex[:12]}")
+        engine = _connect(spark, work_dir, self.zk)
         try:
-            inj = ParquetInjector("events", str(source.folder), key_column="key", event_time_column="event_time",
-                                  value_columns=[], record_id_column="record_id",
-                                  watermark_delay_ms=1_000)
-            comp = _computation(intervals)
-            query = engine.start(inj, comp, checkpoint=str(chk))
+            inj = _file_injector(source)
+            query = engine.start(inj, _computation(intervals), checkpoint=str(chk))
             executor = engine.executors[-1]
         except BaseException:
             engine.close()
             raise
         outputs = (StageOutput(stage=1, name="counts", table=Path(engine.layout.stream("counts")),
                                checkpoint=chk, kind="records", normalize=records_from_stream),)
-        settings = {"trigger": DEFAULT_TRIGGER, "max_files_per_trigger": inj.max_files_per_trigger,
-                    "exactly_once": True, "strong_productions": True, "num_intervals": intervals,
-                    "codec": RunningCount.codec, "write_path": executor.write_path,
-                    "direct_read": executor.direct_source is not None,
-                    "watermark_delay_ms": 1_000,
-                    "zookeeper": "the store's embedded server" if self.zk is None else self.zk,
-                    "operator": "Computation.process_record: state += 1, produce(count) per record",
-                    "output": "the counts stream table, one delivery commit per batch after the rows commit"}
+        settings = _settings(self.zk, intervals=intervals, inj=inj, executor=executor,
+                             operator="Computation.process_record: state += 1, produce(count) per record",
+                             output="the counts stream table, one delivery commit per batch after the rows "
+                                    "commit")
         return _DeltaWheelRun(engine, query, executor, outputs, settings)
 
     def _start_pipeline(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path,
@@ -197,14 +205,9 @@ class DeltaWheelLatencyEngine:
         """``stages`` computations (:data:`STAGES`), every stage's query live at once."""
         from deltawheel.executor.drivers.pipeline import Pipeline
         from deltawheel.executor.sources.kafka import KafkaInjector
-        from deltawheel.executor.sources.parquet import ParquetInjector
 
-        import deltawheel
-
-        store = work_dir / "store"
         intervals = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        engine = deltawheel.connect(spark, store=str(store), pipeline="latency", zk=self.zk,
-                                    zk_chroot=f"/deltawheel-latency-{uuid.uuid4().hex[:12]}")
+        engine = _connect(spark, work_dir, self.zk)
         try:
             engine.progress = False
             inj: Any
@@ -215,8 +218,7 @@ class DeltaWheelLatencyEngine:
                                     value_columns=["record_id"], watermark_delay_ms=1_000)
                 bases[0] = KafkaRunningCount
             else:
-                inj = ParquetInjector("events", str(source.folder), key_column="key", event_time_column="event_time",
-                                      value_columns=[], record_id_column="record_id", watermark_delay_ms=1_000)
+                inj = _file_injector(source)
             comps = tuple(_computation(intervals, base) for base in bases)
             run = engine.start_pipeline(Pipeline("latency", (inj,), comps))
         except BaseException:
@@ -230,15 +232,11 @@ class DeltaWheelLatencyEngine:
                         normalize=records_from_kafka_stream if isinstance(source, KafkaInput) else records_from_stream,
                         reads_input_files=i == 1)
             for i, c in enumerate(comps, start=1))
-        first = run.executors[names[0]]
-        settings = {"trigger": DEFAULT_TRIGGER, "runner": "engine.start_pipeline (ContinuousRun: every stage live)",
-                    "max_files_per_trigger": getattr(inj, "max_files_per_trigger", None), "exactly_once": True,
-                    "strong_productions": True, "num_intervals": intervals, "codec": RunningCount.codec,
-                    "write_path": first.write_path, "direct_read": first.direct_source is not None,
-                    "watermark_delay_ms": 1_000,
-                    "zookeeper": "the store's embedded server" if self.zk is None else self.zk,
-                    "operator": "stage 1: Computation.process_record: state += 1, produce(count) per record; "
-                                "stages 2..n: produce the record's count on (no state)",
-                    "output": "each stage's stream table, one delivery commit per batch after the rows commit; "
-                              "a later stage reads its upstream's stream table (Delta source)"}
+        settings = _settings(
+            self.zk, intervals=intervals, inj=inj, executor=run.executors[names[0]],
+            runner="engine.start_pipeline (ContinuousRun: every stage live)",
+            operator="stage 1: Computation.process_record: state += 1, produce(count) per record; "
+                     "stages 2..n: produce the record's count on (no state)",
+            output="each stage's stream table, one delivery commit per batch after the rows commit; "
+                   "a later stage reads its upstream's stream table (Delta source)")
         return _DeltaWheelPipelineRun(engine, run, names, outputs, settings)

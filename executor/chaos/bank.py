@@ -1,15 +1,9 @@
-"""The chaos run's pipeline: a bank in three stages over Parquet files of moves.
+"""The chaos run's pipeline: a bank in three stages (``bank``, ``ledger``, ``window_sums``) over
+Parquet files of moves (``id``, ``ts`` in ms, ``src``, ``dst``, ``amount``); docs/reliability.md.
 
-Input: ``moves-NNNNN.parquet`` of ``id``, ``ts`` (event time, ms), ``src``, ``dst``, ``amount``.
-
-- ``bank`` (key ``src``): each move produces its debit (key ``src``) and credit (key ``dst``) legs
-  ``{move, account, leg, delta}`` to ``changes`` in one call, so every stream version sums to zero.
-- ``ledger`` (key: the account): each leg produces the balance after it to ``balances``, ``seq``
-  counting the account's legs (a leg applied twice or lost shows as a repeated or missing ``seq``).
-- ``window_sums``: per account the deltas summed in 10 s event-time windows (accumulating, 30 s
-  allowed lateness).
-
-``deltawheel run deltawheel.executor.chaos.bank:pipeline`` builds it over ``$CHAOS_INPUT``.
+``bank`` produces both legs of a move in one call, so every version of ``changes`` sums to zero;
+``ledger``'s ``seq`` shows a leg applied twice or lost. ``deltawheel run
+deltawheel.executor.chaos.bank:pipeline`` builds it over ``$CHAOS_INPUT``.
 """
 
 from __future__ import annotations

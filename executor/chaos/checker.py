@@ -1,18 +1,8 @@
 """The chaos run's checker: reads only the input files (pandas) and the stream tables (the
 ``deltalake`` package, not deltawheel's reader), never deltawheel's state or ZooKeeper.
 
-Checks, each failure a :class:`Violation` naming versions and keys:
-
-- ``bank``: at every sampled version of ``changes`` the deltas sum to zero and each move has both
-  legs or neither;
-- ``exactly-once``: each input move's two legs once in ``changes`` and once in ``balances``, with
-  the move's account and amount;
-- ``ledger``: per account ``balances``' ``seq`` is 1..n, each balance the previous plus the delta;
-  the final balances equal the input's and sum to zero;
-- ``windows``: per account and 10 s window the last pane of ``window_sums`` equals the input's sum,
-  pane numbers unique, no window missing or unknown;
-- ``stuck``: after each heal every stream commits within the bound (if the run went on that long);
-  heal to the next ``changes`` commit is the fault's recovery time.
+Each failure is a :class:`Violation` naming versions and keys; the checks (``bank``,
+``exactly-once``, ``ledger``, ``windows``, ``stuck``): docs/reliability.md, "What the checker checks".
 """
 
 from __future__ import annotations

@@ -1,27 +1,7 @@
 """The chaos run's fault schedule, drawn from a seed before the run (a seed replays it).
 
-Each fault has a start (seconds into the chaos phase), kind, target and duration before it heals.
 Faults of different targets overlap; a target has one fault at a time (one ZooKeeper server down
-at a time keeps the quorum; the operator tools run one at a time; the store's disk has one fault;
-so has the object store's server; a driver's network cut holds the driver's slot).
-
-| kind | fault | heal |
-|---|---|---|
-| ``driver-kill`` | SIGKILL of a driver's process group (its JVM and Python workers) | the same command started again |
-| ``worker-kill`` | SIGKILL of one Python worker of a driver (pyspark's daemon or a forked worker, drawn) | none: a task in flight fails (``local[1]`` retries none), ``run`` exits 9 on the failed batch and is started again; between tasks the driver runs on |
-| ``driver-pause`` | SIGSTOP of a driver's group, shorter than the session timeout (a zombie) | SIGCONT |
-| ``session-expiry`` | SIGSTOP longer than the session timeout: ZooKeeper expires its session | SIGCONT |
-| ``zk-kill`` | SIGKILL of a ZooKeeper server (a follower or the leader, as drawn) | the server restarted |
-| ``zk-leader-kill`` | SIGKILL of the server leading when the fault starts | the server restarted |
-| ``gc`` | ``deltawheel gc --apply`` while the pipeline runs | the tool's exit |
-| ``rebalance`` | ``deltawheel rebalance --assign`` moving a computation's intervals | ``rebalance --clear`` |
-| ``status`` | ``deltawheel status`` | the tool's exit |
-| ``repair`` | ``deltawheel repair`` of one key (``bank``: its counters reset; ``ledger``: its state as it is) | the tool's exit |
-| ``upgrade-state`` | ``deltawheel upgrade-state`` with the running code (an unchanged upgrade) | the tool's exit |
-| ``promote`` | ``deltawheel replay`` of the running code from the chaos phase's start, then ``promote`` | the tools' exits |
-| ``disk-full`` | the store's tmpfs filled by one file up to ENOSPC (only where the harness could mount it; on an ``--object-store`` run the tmpfs holds S3Proxy's data) | the file deleted |
-| ``s3proxy-kill`` | SIGKILL of the S3Proxy server holding the store (only on an ``--object-store`` run) | the server restarted on the same data and port |
-| ``net-cut`` | a driver's network to ZooKeeper (and to S3Proxy on an ``--object-store`` run) cut: its Toxiproxy proxies disabled (:mod:`.netcut`; only where Toxiproxy runs). Past the session timeout its session expires and the other instance takes its intervals; its local store stays writable (a partitioned zombie that fencing stops) | the proxies enabled: the driver finds its session expired and stops with exit 4 (started again), or goes on |
+at a time keeps the quorum). The kinds, their faults and heals: docs/reliability.md, "What runs".
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The chaos run: the bank pipeline (:mod:`.bank`) as two ``deltawheel run`` instances sharing its
-intervals, on a three-server ZooKeeper ensemble and a local store (or one on a local S3Proxy,
-:mod:`.objectstore`), fed by a seeded input generator under the fault schedule of :mod:`.faults`,
-then checked (:mod:`.checker`); each driver a :class:`.driver.Driver`.
+intervals on a three-server ZooKeeper ensemble and a local store (or S3Proxy, :mod:`.objectstore`),
+fed by a seeded input under the fault schedule of :mod:`.faults`, then checked (:mod:`.checker`).
 
-Phases: the ensemble and both drivers, until both commit; chaos (a file every ``file_every_s``,
-each fault on its own thread); every fault healed and the closing moves written; the drain (until
-every stream holds what the input gives, or ``drain_s``); SIGTERM to the drivers; the ensemble
-stopped; Toxiproxy and S3Proxy stopped; the store's tmpfs unmounted (its content copied back);
-the check. Under ``data``: ``input/``, ``store/`` (or ``s3/``), ``zk/``, ``logs/``, ``replays/`` (the
-promote faults' shadow stores), ``toxiproxy/`` (with ``net-cut``), ``faults.json``. The faults
-themselves: driver and ZooKeeper faults here, the tools in :mod:`.tools`, the Python workers in
-:mod:`.workers`, the store's disk in :mod:`.disk`, the drivers' network in :mod:`.netcut`.
+Phases: start until both drivers commit; chaos; heal and write the closing moves; drain; stop;
+check (docs/reliability.md, "What runs"). Under ``data``: ``input/``, ``store/`` (or ``s3/``),
+``zk/``, ``logs/``, ``replays/``, ``toxiproxy/``, ``faults.json``.
 """
 
 from __future__ import annotations
@@ -304,9 +298,8 @@ class _Harness:
         return heal, note + (f"; its log: {seen[0][:200]}" if seen else "")
 
     def net_cut(self, f: PlannedFault, d: Driver) -> tuple[float, str]:
-        """Cut driver ``d``'s network (its proxies disabled) for the fault's duration and restore it;
-        watch it for the session timeout, and if its session expired (its member znode gone or of
-        another session), until it stopped (on its lost leases) and was started again."""
+        """Cut driver ``d``'s proxies for the fault's duration and restore them; watch it for the
+        session timeout and, if its session expired, until it stopped and was started again."""
         assert self.netcut is not None
         with self.lock:
             exits_before, starts = len(self.run.exits), d.starts

@@ -1,12 +1,9 @@
-"""The ``net-cut`` fault: a driver's network to ZooKeeper (and to S3Proxy on an ``--object-store``
-run) cut and restored, through a Toxiproxy server of the run's own (``toxiproxy/`` under its folder).
+"""The ``net-cut`` fault: a driver's network to ZooKeeper (and S3Proxy) cut and restored through
+the run's own Toxiproxy (docs/reliability.md, "What runs").
 
-Each driver gets one proxy per ZooKeeper server (``a-zk1``, ...) and, on an object-store run, one
-to S3Proxy (``a-s3``); its ``--zk`` connection string and S3 endpoint name its own proxies, the
-tools keep the direct addresses. A cut disables every proxy of one driver (Toxiproxy drops their
-connections and refuses new ones) and a restore enables them. The store's local folder is not cut:
-a driver cut past its session timeout is a partitioned zombie that fencing must stop. Whether its
-session expired, the harness reads on the direct addresses (:func:`member_session`).
+A cut disables every proxy of one driver; the store's local folder is not cut, so a driver cut
+past its session timeout is a partitioned zombie that fencing must stop. :func:`member_session`
+reads, on the direct addresses, whether its session expired.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""The store of an ``--object-store`` chaos run: ``s3a://chaos/store`` on a local S3Proxy the
-harness starts under the run's folder (``s3/``: its configuration, log and the filesystem
-backend ``blobs/``), and the ``s3proxy-kill`` fault: SIGKILL of the server, restarted on the same
-data and port.
+"""The store of an ``--object-store`` chaos run: ``s3a://chaos/store`` on a local S3Proxy under
+the run's ``s3/``, and the ``s3proxy-kill`` fault (SIGKILL, restarted on the same data and port).
 
-The checker reads the streams from the backend's folder (``s3/blobs/chaos/store``) as local Delta
-tables: the filesystem backend keeps each object as a file named by its key, so the tables are
-there byte for byte as the S3 API serves them, and readable with the server stopped (``--recheck``
-starts none). Only the drivers and the tools go through S3A.
+The filesystem backend keeps each object as a file named by its key, so the checker reads the
+streams from ``s3/blobs/chaos/store`` as local Delta tables, with the server stopped too.
 """
 
 from __future__ import annotations

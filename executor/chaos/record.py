@@ -42,9 +42,8 @@ UNREACHABLE = "ObjectStoreUnreachableError"
 
 
 def exit_violations(exits: list[DriverExit], *, object_store: bool = False) -> list[Violation]:
-    """A driver that stopped with another code than :data:`EXPECTED_EXITS` (a crash, a damaged
-    store, an untyped error) is a violation; on an object-store run an unreachable store (exit 5,
-    :data:`UNREACHABLE`) is not."""
+    """A driver exit with a code outside :data:`EXPECTED_EXITS` is a violation; on an object-store
+    run an unreachable store (:data:`UNREACHABLE`) is not."""
     return [Violation("driver-exit", f"driver {e.driver} exited with {e.code}: {e.error}") for e in exits
             if e.code not in EXPECTED_EXITS and not (object_store and e.code == 5 and e.error.startswith(UNREACHABLE))]
 

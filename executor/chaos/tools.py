@@ -1,21 +1,8 @@
 """The operator tools a chaos run starts beside its pipeline, one at a time (the "tools" slot).
 
-Each runs as an operator would run it against the live pipeline (the store, its ZooKeeper and
-chroot, Spark ``--master`` as the drivers'); its exit code is recorded under its name and the
-fault's note carries the code and the tool's last line. A tool that refuses while the pipeline
-holds the leases (a typed error, a clear exit code) is an outcome to record, not a violation: only
-the streams say whether a tool damaged anything, and the checker reads them.
-
-- ``gc``: ``gc --apply``; ``status``: ``status``.
-- ``rebalance``: one computation's intervals 0-2 to ``a`` and 3 to ``b``, held, then ``--clear``.
-- ``repair`` of one key drawn from the accounts: of ``bank``, its counters reset to zero (``bank``'s
-  state feeds no output, so the streams stay checkable while the tool writes a real, fenced
-  commit); of ``ledger``, its state set to itself (the leases handed over, nothing written).
-- ``upgrade-state`` with the running class as ``--code``: every row is of its state version, so
-  an unchanged upgrade.
-- ``promote``: ``replay`` of the running code (``--source`` the chaos pipeline) from the chaos
-  phase's start into a shadow folder under the run's ``replays/``, then ``promote`` of it while
-  the pipeline runs; a replay of unchanged code promotes to no change.
+Each runs as an operator would against the live pipeline; its exit code and last line are
+recorded. A tool that refuses while the pipeline holds the leases is an outcome, not a violation:
+only the streams say whether a tool damaged anything. What each tool does: docs/reliability.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The Python workers of a chaos run's driver, for the ``worker-kill`` fault.
 
-A ``deltawheel run`` driver (a Python process) starts Spark's JVM, which starts pyspark's daemon
-(``-m deltawheel.executor.tasks.daemon pyspark.worker``: pyspark's daemon preloading deltawheel's
-task modules); the daemon forks one worker per Python task. The daemon puts itself and its
-workers in a process group of their own, so they are found as descendants of the driver's
-process (``/proc``'s parent ids), by a command line naming pyspark's daemon or worker.
+pyspark's daemon puts itself and its forked workers in a process group of their own, so they are
+found as descendants of the driver's process (``/proc``'s parent ids) by their command line.
 """
 
 from __future__ import annotations

@@ -41,27 +41,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = subparsers.add_parser("bench", help="run benchmarks (throughput, cache, watermarks, latency) and save JSON + PNG figures")
     sub = p.add_subparsers(dest="bench_command", metavar="BENCHMARK")
     sub.required = True
-    t = sub.add_parser("throughput", help="records/s of several engines on the same workload")
-    add_throughput_arguments(t)
-    t.set_defaults(func=_runs("throughput"))
-    c = sub.add_parser("cache", help="row cache hit rates: window-aware vs LRU vs optimal on the workload's trace")
-    add_cache_arguments(c)
-    c.set_defaults(func=_runs("cachebench"))
-    w = sub.add_parser("watermarks", help="injector watermark estimates side by side: lag against late records")
-    add_watermark_arguments(w)
-    w.set_defaults(func=_runs("watermarks"))
-    lat = sub.add_parser("latency", help="per-record latency from arrival to a visible Delta commit, engines side by side")
-    add_latency_arguments(lat)
-    lat.set_defaults(func=_runs("latency"))
-    r = sub.add_parser("restart", help="seconds from restarting a SIGKILLed continuous job to its first committed "
-                       "batch, with and without an instance name (docs/continuous.md)")
-    add_restart_arguments(r)
-    r.set_defaults(func=_runs("restart"))
-    m = sub.add_parser("commits", help="the commit ceiling of one store: N writers' batches on a folder and on "
-                       "s3a:// behind real network latency (Toxiproxy; docs/scale.md)")
-    add_commits_arguments(m)
-    m.set_defaults(func=_runs("commits"))
-    k = sub.add_parser("tasks", help="run image tasks captured with DELTAWHEEL_TASK_CAPTURE=DIR again in one "
-                       "process and print their CPU seconds")
-    add_tasks_arguments(k)
-    k.set_defaults(func=_runs("taskreplay"))
+    benchmarks: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], str]] = [
+        ("throughput", "records/s of several engines on the same workload", add_throughput_arguments,
+         "throughput"),
+        ("cache", "row cache hit rates: window-aware vs LRU vs optimal on the workload's trace",
+         add_cache_arguments, "cachebench"),
+        ("watermarks", "injector watermark estimates side by side: lag against late records",
+         add_watermark_arguments, "watermarks"),
+        ("latency", "per-record latency from arrival to a visible Delta commit, engines side by side",
+         add_latency_arguments, "latency"),
+        ("restart", "seconds from restarting a SIGKILLed continuous job to its first committed batch, with "
+         "and without an instance name (docs/continuous.md)", add_restart_arguments, "restart"),
+        ("commits", "the commit ceiling of one store: N writers' batches on a folder and on s3a:// behind "
+         "real network latency (Toxiproxy; docs/scale.md)", add_commits_arguments, "commits"),
+        ("tasks", "run image tasks captured with DELTAWHEEL_TASK_CAPTURE=DIR again in one process and print "
+         "their CPU seconds", add_tasks_arguments, "taskreplay"),
+    ]
+    for name, help_text, add_arguments, module in benchmarks:
+        b = sub.add_parser(name, help=help_text)
+        add_arguments(b)
+        b.set_defaults(func=_runs(module))

@@ -107,7 +107,6 @@ def add_gc_every_arg(p: Any) -> None:
 
 def _gc_every(text: str) -> str:
     from deltawheel.gc.background import parse_every
-    from deltawheel.statestore.exceptions import ConfigError
 
     try:
         parse_every(text)
@@ -231,7 +230,6 @@ def spark_from(args: argparse.Namespace, *, announce: bool = False, **kw: Any) -
     return spark
 
 
-
 @contextlib.contextmanager
 def store_zookeeper(args: argparse.Namespace) -> Iterator[tuple[StoreLayout, ZkConfig, Any]]:
     """(layout, ZooKeeper config, connected kazoo client) for a command on ``--store``, released after."""
@@ -290,8 +288,6 @@ def int_list(text: str | None, what: str) -> list[int] | None:
     try:
         return [int(t) for t in text.split(",") if t.strip()]
     except ValueError as exc:
-        from deltawheel.statestore.exceptions import ConfigError
-
         raise ConfigError(f"{what} {text!r}: give interval numbers separated by commas (e.g. 0,2)") from exc
 
 

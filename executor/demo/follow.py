@@ -1,10 +1,9 @@
 """``deltawheel demo --follow``: the Zeitgeist pipeline live, on search events arriving now.
 
-A :class:`LiveGenerator` thread writes the events due every 100-200 ms as one small Parquet file,
-renamed into the input folder (the rename is its records' arrival); the three stages run at once in
-the continuous runner, and every ``every_s`` a :class:`.monitor.StageMonitor` prints a line per stage
-(docs/continuous.md, "The demo, live"). With ``seconds`` the input ends, the watermark passes the
-last window and every stage drains; Ctrl-C or SIGTERM stop at once."""
+A :class:`LiveGenerator` thread renames a small Parquet file of the events due into the input folder
+every 100-200 ms (the rename is its records' arrival); the three stages run at once in the
+continuous runner (docs/continuous.md, "The demo, live"). With ``seconds`` the input ends, the
+watermark passes the last window and every stage drains; Ctrl-C or SIGTERM stop at once."""
 
 from __future__ import annotations
 
@@ -63,9 +62,9 @@ class Arrival:
 
 
 class LiveGenerator:
-    """Writes the demo's events into ``folder`` as they come due (see the module docstring), in periods
-    of ``seconds`` (or :data:`PERIOD_S`), each one :func:`generate_queries` call with its own spike and
-    dip; record ids are ``f<start ms>-<index>``, unique per run."""
+    """Writes the demo's events into ``folder`` as they come due, in periods of ``seconds`` (or
+    :data:`PERIOD_S`), each with its own spike and dip; record ids ``f<start ms>-<index>``, unique
+    per run."""
 
     def __init__(self, folder: str, *, rate: int, seed: int, seconds: float | None = None) -> None:
         self.folder, self.rate, self.seed, self.seconds = folder, int(rate), seed, seconds

@@ -1,8 +1,7 @@
 """A local cluster: a Spark standalone master and workers, and a ZooKeeper ensemble (:mod:`.ensemble`).
 
-Everything lives in one data folder: ``cluster.json`` (ports chosen free at the first ``up``),
-``zk/zk<N>/``, and ``spark/`` (``conf/``, ``master/``, ``worker-<N>/``). The workers' executors run
-the driver's Python, so deltawheel must be importable by it (same machine, same venv).
+Everything lives in one data folder (docs/cluster.md). The workers' executors run the driver's
+Python, so deltawheel must be importable by it (same machine, same venv).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The embedded defaults: a store's own ZooKeeper, run from pyspark's jars.
 
-With no ``--zk``, a local store runs its own server, recorded beside its data::
-
-    <store>/_zk/server.json   the record: store, port, pid, who started it, whether it stays
-    <store>/_zk/server.lock   flock held while a process starts, joins or leaves the server
-    <store>/_zk/users/*.json  one file per process using it (pid, its start time, command)
-
-Later uses join the recorded server if it is alive and answers, else restart it. The last live
-user to leave stops it, unless it was started to stay (``deltawheel zk start``); dead users are
-pruned by pid liveness. An explicit ``--zk`` is used if it answers, else started on that port.
+With no ``--zk``, a local store runs its own server, recorded in ``<store>/_zk/`` with one file per
+process using it (docs/operations.md). The last live user to leave stops it, unless it was started
+to stay (``deltawheel zk start``); dead users are pruned by pid liveness. An explicit ``--zk`` is
+used if it answers, else started on that port.
 """
 
 from __future__ import annotations

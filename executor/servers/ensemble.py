@@ -106,9 +106,7 @@ class ZooKeeperEnsemble:
 
     def restart(self, myid: int, *, timeout_s: float = 60.0) -> None:
         """Start member ``myid`` again; waits until it serves (it needs a quorum to)."""
-        s = self.server(myid)
-        s.launch()
-        s.wait_ready(timeout_s=timeout_s)
+        self.server(myid).start(timeout_s=timeout_s)
 
     def leader(self) -> int | None:
         """The ``myid`` of the member whose ``srvr`` says ``leader``, or None."""

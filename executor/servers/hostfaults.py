@@ -1,12 +1,8 @@
 """Faults between the test bed's hosts (``deltawheel cluster fault``): cut a host off, heal it, kill it.
 
-A *whole* cut sets the host's veth down on the bridge side: nothing reaches it, it reaches nothing,
-its processes keep running. A cut *from peers* drops only what the host and each peer send each
-other: on both sides a permanent neighbour entry maps the other's address to a hardware address no
-host has (:data:`DEAD_MAC`), so packets vanish silently as in a real partition (open connections
-stall, new ones time out). Healing deletes those entries or sets the veth up; only ``ip`` is needed
-(no ``iptables`` or ``nft``). A host killed whole loses every process of its namespace (SIGKILL);
-:meth:`HostFaults.restart` starts the bed's missing services again.
+A whole cut sets the host's veth down; a cut from peers maps each side's address to a hardware
+address no host has (:data:`DEAD_MAC`), so packets vanish silently as in a real partition
+(docs/cluster.md). :meth:`HostFaults.restart` starts a killed host's services again.
 """
 
 from __future__ import annotations

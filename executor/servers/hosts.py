@@ -1,9 +1,7 @@
 """A test bed of hosts that share nothing, on this machine (``deltawheel cluster up --hosts``).
 
-Eight hosts, each a network namespace on one bridge (:mod:`.netns`): ``s3``, ``zk1``-``zk3``,
-``master``, ``worker1``, ``worker2`` and ``client``. A cluster host sees Java, the system's Python,
-the read-only Spark installation in ``<data>/spark`` and its own folder ``<data>/<host>``, not the
-repository; the client host keeps the machine's files. Services use their usual ports.
+Eight hosts on one bridge (:mod:`.netns`): ``s3``, ``zk1``-``zk3``, ``master``, ``worker1``,
+``worker2`` and ``client``; what each sees: docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -76,9 +74,8 @@ class HostsStatus:
 
 
 class HostsCluster:
-    """The hosts test bed (see the module docstring); ``subnet``: the first three octets of the
-    hosts' /24; ``services``: which of ``s3``, ``zk``, ``spark`` :meth:`up` starts (default: the
-    last ``up``'s, else all)."""
+    """The hosts test bed; ``subnet``: the first three octets of the hosts' /24; ``services``: which
+    of ``s3``, ``zk``, ``spark`` :meth:`up` starts (default: the last ``up``'s, else all)."""
 
     def __init__(self, data_dir: Path | str, *, subnet: str = DEFAULT_SUBNET,
                  services: Sequence[str] | None = None, worker_memory: str = "2g") -> None:

@@ -1,8 +1,7 @@
 """A local single-node Kafka broker in KRaft mode, for development and tests of Kafka sources.
 
-One ``kafka.Kafka`` process is broker and controller, started after ``kafka-storage format`` as
-Kafka's quickstart does; ``server.properties``, ``logs/``, ``kafka.log`` and ``kafka.pid`` live in one
-folder. The jars pyspark does not ship (:data:`KAFKA_BROKER_JARS`) are fetched once from Maven Central."""
+One ``kafka.Kafka`` process is broker and controller, its files in one folder; the jars pyspark does
+not ship (:data:`KAFKA_BROKER_JARS`) are fetched once from Maven Central (docs/sources.md)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Separate hosts on one machine: a Linux bridge, one network namespace per host, and a private
-view of the file system for each process a host runs.
+"""Separate hosts on one machine: a bridge ``dwh-br``, one network namespace ``dwh-<name>`` per host,
+and a private view of the file system (``unshare --mount``) for each process an isolated host runs.
 
-Each host is a network namespace ``dwh-<name>`` whose ``eth0`` is a veth peer on the bridge
-``dwh-br`` (the subnet's ``.1``): this machine and the hosts reach each other, nothing else. An
-isolated host's process runs under ``unshare --mount`` with tmpfs over the folders it must not
-see, only its own folder and the read-only Spark installation brought back. The submitting host
-keeps the machine's file system. This needs root and ``ip`` and ``unshare`` (:func:`check_namespaces`).
+Needs root, ``ip`` and ``unshare`` (:func:`check_namespaces`); the layout: docs/cluster.md.
 """
 
 from __future__ import annotations

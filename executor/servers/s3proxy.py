@@ -102,14 +102,10 @@ class S3ProxyServer(Server):
         self.data_dir.mkdir(parents=True, exist_ok=True)
         pid = self.process.read_pid()
         if pid is not None:
-            if self.process.alive(pid):
-                problem = self.process.wait_ready(pid, self.ready, timeout_s)
-                if problem is None:
-                    return
-                self.process.kill_group(pid, timeout_s=5.0)
-                raise ObjectStoreServerError(
-                    f"S3Proxy (pid {pid}) from {self.data_dir} did not answer on port {self.port} ({problem}); "
-                    f"it was stopped. Log tail:\n{self.log_tail()}")
+            if self.process.alive(pid):  # stopped if it does not answer
+                self.await_ready(pid, timeout_s, f"S3Proxy (pid {pid}) from {self.data_dir} did not answer on "
+                                 f"port {self.port}")
+                return
             self.pid_file.unlink(missing_ok=True)
         self.refuse_taken()
         try:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from deltawheel.statestore.exceptions import ObjectStoreServerError
-from deltawheel.statestore.process import port_free
 
 from .service import Server
 
@@ -114,8 +113,7 @@ class ToxiproxyServer(Server):
         """
         binary = ensure_toxiproxy(self._bin_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        if not port_free(self.host, self.port):
-            raise ObjectStoreServerError(f"port {self.port} on {self.host} is in use; pass another port")
+        self.refuse_taken(hint="pass another port")
         pid = self.process.launch([str(binary), "-host", self.host, "-port", str(self.port)], cwd=self.data_dir)
         self.await_ready(pid, timeout_s, f"Toxiproxy did not answer on {self.api}")
 

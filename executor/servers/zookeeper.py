@@ -1,8 +1,7 @@
 """An embedded ZooKeeper server run from pyspark's jars: standalone, or an ensemble member (:mod:`.ensemble`).
 
-The server is a detached ``java`` process whose ``zoo.cfg``, ``data/``, ``zookeeper.log`` and
-``zookeeper.pid`` live in one data folder. Readiness is ``srvr`` answered with the server's
-version (``ruok`` answers before it serves). For development and tests, not production.
+A detached ``java`` process with its files in one data folder. Readiness is ``srvr`` answered with
+the server's version (``ruok`` answers before it serves). For development and tests.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.rowtable.rows import KeyRow
@@ -167,6 +167,11 @@ def window_fn_from_spec(spec: Mapping[str, Any], *, unit_ms: int = 1000) -> Wind
     raise WindowingError(f"unknown windowing type {kind!r}; use global, fixed, sliding or sessions")
 
 
+_LEAF_TRIGGERS: dict[str, Callable[[], Trigger]] = {"default": default_trigger, "always": Always, "never": Never}
+_COMPOSITE_TRIGGERS: dict[str, Callable[[tuple[Trigger, ...]], Trigger]] = {
+    "after_any": AfterAny, "after_all": AfterAll, "after_each": AfterEach}
+
+
 def trigger_from_spec(spec: Mapping[str, Any], *, unit_ms: int = 1000) -> Trigger:
     """Build a trigger tree from its scenario description (delays in ``unit_ms`` units).
 
@@ -188,8 +193,10 @@ def trigger_from_spec(spec: Mapping[str, Any], *, unit_ms: int = 1000) -> Trigge
             raise WindowingError(f"trigger {kind!r} needs a non-empty list 'triggers'")
         return tuple(trigger_from_spec(t, unit_ms=unit_ms) for t in items)
 
-    if kind == "default":
-        return default_trigger()
+    if kind in _LEAF_TRIGGERS:
+        return _LEAF_TRIGGERS[kind]()
+    if kind in _COMPOSITE_TRIGGERS:
+        return _COMPOSITE_TRIGGERS[kind](subs())
     if kind == "after_watermark":
         return AfterWatermark(early=sub("early") if "early" in spec else None,
                               late=sub("late") if "late" in spec else None)
@@ -201,18 +208,8 @@ def trigger_from_spec(spec: Mapping[str, Any], *, unit_ms: int = 1000) -> Trigge
         return AfterProcessingTime(round(spec["delay"] * unit_ms))
     if kind == "repeatedly":
         return Repeatedly(sub("trigger"))
-    if kind == "after_any":
-        return AfterAny(subs())
-    if kind == "after_all":
-        return AfterAll(subs())
-    if kind == "after_each":
-        return AfterEach(subs())
     if kind == "or_finally":
         return OrFinally(sub("trigger"), sub("finally"))
-    if kind == "always":
-        return Always()
-    if kind == "never":
-        return Never()
     raise WindowingError(f"unknown trigger type {kind!r}")
 
 
@@ -358,9 +355,7 @@ def run_scenario(scenario: Mapping[str, Any] | Path | str, *, backend: str | Bac
         _apply_step(r, sc, i, step)
         end()
     begin()
-    r.wm = END_OF_INPUT_MS
-    for key in r.due_keys():
-        r.run(key, [], len(sc.steps))
+    _end_input(r, len(sc.steps))
     end()
     panes = sorted(r.panes, key=lambda p: p["key"])  # stable: emission order within a key
     if sc.computation.state_ttl is not None:
@@ -381,6 +376,12 @@ def _apply_step(r: _Runner, sc: Scenario, i: int, step: Mapping[str, Any]) -> No
         r.now = _ms(step["processing_time"], "processing_time")
     for key in r.due_keys():
         r.run(key, [], i)
+
+
+def _end_input(r: _Runner, after_step: int) -> None:
+    r.wm = END_OF_INPUT_MS
+    for key in r.due_keys():
+        r.run(key, [], after_step)
 
 
 def assert_panes_equal(actual: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
@@ -446,8 +447,6 @@ def run_scenarios_lockstep(scenarios: Sequence[Mapping[str, Any] | Path | str], 
             if i < len(sc.steps):
                 _apply_step(r, sc, i, sc.steps[i])
             elif i == len(sc.steps):
-                r.wm = END_OF_INPUT_MS
-                for key in r.due_keys():
-                    r.run(key, [], len(sc.steps))
+                _end_input(r, i)
         end()
     return [{"panes": sorted(r.panes, key=lambda p: p["key"]), "dropped": r.dropped} for r in runners]

@@ -107,7 +107,6 @@ class Never(Trigger):
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
         """Nothing to do: it never fires."""
-        pass
 
 
 @dataclass(frozen=True)
@@ -216,14 +215,17 @@ class Repeatedly(Trigger):
 
 
 @dataclass(frozen=True)
-class AfterAny(Trigger):
-    """Fires once, when any subtrigger can fire."""
-
+class _Composite(Trigger):
     triggers: tuple[Trigger, ...]
 
     def children(self) -> tuple[Trigger, ...]:
-        """The subtriggers."""
+        """The subtriggers, in order."""
         return self.triggers
+
+
+@dataclass(frozen=True)
+class AfterAny(_Composite):
+    """Fires once, when any subtrigger can fire."""
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
         """An unfinished subtrigger can fire."""
@@ -238,14 +240,8 @@ class AfterAny(Trigger):
 
 
 @dataclass(frozen=True)
-class AfterAll(Trigger):
+class AfterAll(_Composite):
     """Fires once, when every unfinished subtrigger can fire."""
-
-    triggers: tuple[Trigger, ...]
-
-    def children(self) -> tuple[Trigger, ...]:
-        """The subtriggers."""
-        return self.triggers
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
         """There are unfinished subtriggers and all of them can fire."""
@@ -261,14 +257,8 @@ class AfterAll(Trigger):
 
 
 @dataclass(frozen=True)
-class AfterEach(Trigger):
+class AfterEach(_Composite):
     """Runs its subtriggers in sequence: fires when the current one fires; finished after the last."""
-
-    triggers: tuple[Trigger, ...]
-
-    def children(self) -> tuple[Trigger, ...]:
-        """The subtriggers, in the order they run."""
-        return self.triggers
 
     def _current(self, tc: TriggerContext, i: int) -> tuple[Trigger, int] | None:
         for c, j in self._kids(i):
@@ -403,14 +393,12 @@ class AfterWatermark(Trigger):
 class DefaultTrigger(Trigger):
     """Beam's default trigger: fires whenever the watermark is at or past the window end; never finishes."""
 
-
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
         """The watermark has reached the window end."""
         return tc.end_of_window_reached
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
         """Nothing to do: it keeps no state and never finishes."""
-        pass
 
 
 def default_trigger() -> Trigger:

@@ -67,9 +67,8 @@ def delta_end_version(query: Any, path: str) -> int | None:
 
 
 def pending_batch(checkpoint: str) -> int | None:
-    """The id of the micro-batch the checkpoint planned and did not commit (Spark replays it first),
-    None when there is none; for a remote checkpoint (not listed here) a bound above any id, so
-    that the first batch of the start counts as a replay."""
+    """The id of the micro-batch the checkpoint planned and did not commit (None: none); for a remote
+    checkpoint a bound above any id, so that the start's first batch counts as a replay."""
     local = local_path(checkpoint)
     if local is None:
         return 2**62
@@ -86,8 +85,7 @@ def pending_batch(checkpoint: str) -> int | None:
 
 def await_commit_log(query: Any, done_batch: int, deadline: float) -> None:
     """Wait until ``deadline`` (monotonic) for ``query`` to report micro-batch ``done_batch``'s
-    progress: Spark writes a batch's commit log before its progress, so a stop after this does not
-    replay that batch at the next start (harmless, its ids are deduplicated, but read again)."""
+    progress: Spark writes the commit log first, so a stop after this does not replay that batch."""
     while done_batch >= 0 and time.monotonic() < deadline and query.isActive:
         progress = query.lastProgress
         if progress is not None and int(progress["batchId"]) >= done_batch:

@@ -1,7 +1,5 @@
 """What ``deltawheel status`` and ``report`` show, gathered from a store (a local one read without
-Spark) and its ZooKeeper: per computation the owners and sequencers of its intervals, its input and
-output low watermarks, the last batches' figures (``_metrics/batches``), its state's size, the
-productions its rows checkpoint and whether they landed, and the dead letters and late records."""
+Spark) and its ZooKeeper, per computation."""
 
 from __future__ import annotations
 

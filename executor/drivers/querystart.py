@@ -15,17 +15,20 @@ __all__ = ["clear_unstarted", "delta_end_version", "pending_batch"]
 _LOGS = ("offsets", "commits")
 
 
+def _entries(folder: str) -> list[str]:
+    """The names in ``folder`` ([]: it cannot be listed)."""
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
 def clear_unstarted(checkpoint: str) -> list[str]:
     """Delete the leftovers of an unfinished first write in a local ``checkpoint``; the paths deleted."""
     local = local_path(checkpoint)
     if local is None:
         return []
-    names: dict[str, list[str]] = {}
-    for sub in _LOGS:
-        try:
-            names[sub] = os.listdir(os.path.join(local, sub))
-        except OSError:
-            names[sub] = []
+    names = {sub: _entries(os.path.join(local, sub)) for sub in _LOGS}
     if any(n.isdigit() for sub in _LOGS for n in names[sub]):
         return []
     gone = []
@@ -72,12 +75,7 @@ def pending_batch(checkpoint: str) -> int | None:
     local = local_path(checkpoint)
     if local is None:
         return 2**62
-    ids = {}
-    for sub in ("offsets", "commits"):
-        try:
-            ids[sub] = [int(n) for n in os.listdir(os.path.join(local, sub)) if n.isdigit()]
-        except OSError:
-            ids[sub] = []
+    ids = {sub: [int(n) for n in _entries(os.path.join(local, sub)) if n.isdigit()] for sub in _LOGS}
     planned = max(ids["offsets"], default=None)
     committed = max(ids["commits"], default=-1)
     return planned if planned is not None and planned > committed else None

@@ -273,19 +273,8 @@ class UserCode:
     def _dead_key(self, ctx: Context, records: Sequence[Record], seen: set[str] | None,
                   err: str) -> tuple[list[str], int, int, list[tuple[Record, str]], int]:
         """The key's state cannot be read: its new records are dead letters with ``err``."""
-        fresh: list[str] = []
-        dead: list[tuple[Record, str]] = []
-        dups = late = 0
-        for r in records:
-            if seen is not None:
-                if r.record_id in seen:
-                    dups += 1
-                    continue
-                seen.add(r.record_id)
-            fresh.append(r.record_id)
-            late += r.late
-            dead.append((r, err))
-        return fresh, dups, late, dead, 0
+        todo, dups = _unseen(records, seen)
+        return list(map(_RECORD_ID, todo)), dups, sum(map(_LATE, todo)), [(r, err) for r in todo], 0
 
     def _run_each(self, ctx: Context, records: Sequence[Record],
                   seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
@@ -294,14 +283,10 @@ class UserCode:
         process = comp.process_record
         fresh: list[str] = []
         dead: list[tuple[Record, str]] = []
-        dups = late = 0
-        for r in records:
+        late = 0
+        todo, dups = _unseen(records, seen)
+        for r in todo:
             rid = r.record_id
-            if seen is not None:
-                if rid in seen:
-                    dups += 1
-                    continue
-                seen.add(rid)
             fresh.append(rid)
             if r.late:
                 late += 1
@@ -321,12 +306,7 @@ class UserCode:
                       rows: list[tuple[Any, ...]] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
         """The vectorised path: one ``process_combined`` call with the key's ``rows`` (None: combine here)."""
         comp = self.comp
-        dups = 0
-        todo: Sequence[Record]
-        if seen is None:
-            todo = records
-        else:
-            todo, dups = _unseen(records, seen)
+        todo, dups = _unseen(records, seen)
         if not todo:
             return [], dups, 0, []
         per_record = self._run_batch if self.batch else self._run_each
@@ -359,13 +339,10 @@ class UserCode:
                    seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
         """``process_records``: one call with the key's new records (none: no call)."""
         comp = self.comp
-        dups = 0
-        if seen is None:
-            todo = records if isinstance(records, list) else list(records)
-        else:
-            todo, dups = _unseen(records, seen)
-        if not todo:
+        unseen, dups = _unseen(records, seen)
+        if not unseen:
             return [], dups, 0, []
+        todo = unseen if isinstance(unseen, list) else list(unseen)
         first, last = todo[0], todo[-1]
         # taken before the call: user code may change its list
         fresh = list(map(_RECORD_ID, todo))
@@ -427,8 +404,10 @@ def _order(r: Record) -> tuple[int, str]:
     return (r.timestamp_ms, r.record_id)
 
 
-def _unseen(records: Sequence[Record], seen: set[str]) -> tuple[list[Record], int]:
-    """The records whose ids ``seen`` lacks (added as they pass), and how many were duplicates."""
+def _unseen(records: Sequence[Record], seen: set[str] | None) -> tuple[Sequence[Record], int]:
+    """The records whose ids ``seen`` lacks (added as they pass; None: all), and how many were duplicates."""
+    if seen is None:
+        return records, 0
     todo: list[Record] = []
     dups = 0
     for r in records:

@@ -266,14 +266,12 @@ class ContinuousRun:
             t.join(max(0.0, deadline - time.monotonic()))
             if t.is_alive():
                 unfinished.append(name)
-        first: BaseException | None = None
         for name, stage in reversed(list(self.stages.items())):
             try:
                 with stage.lock:  # a tick that began is over (the ticker ended); a batch refused
                     if stage.ex is not None:
                         stage.ex.stop()  # the delivery lands, the leases go back
             except Exception as exc:
-                first = first or exc
                 self._log(f"{name}: stopping failed: {type(exc).__name__}: {exc}")
         return unfinished
 

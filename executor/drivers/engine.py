@@ -156,8 +156,9 @@ class Engine:
     def start(self, source: Any, computation: Computation, *, checkpoint: str | None = None,
               available_now: bool = False, upstream: Upstream | Sequence[Upstream] = (),
               trigger: str | float | Trigger | None = None, **options: Any) -> Any:
-        """Start a streaming query of ``source`` (an injector or a stream-table DataFrame). ``available_now``:
-        read what is there and stop; raises ConfigError for a bad ``trigger`` or one with ``available_now``."""
+        """Start a streaming query of ``source`` (an injector or a stream-table DataFrame).
+        ``available_now``: read what is there and stop; raises ConfigError for a bad ``trigger`` or one
+        with ``available_now``."""
         when = Trigger.parse(trigger)
         if available_now and when.interval_ms is not None:
             raise ConfigError(f"start: trigger={trigger!r} and available_now=True: an availableNow query reads what "

@@ -299,8 +299,8 @@ class PipelineRunner:
         return base if self.instance is None else f"{base}/{self.instance}"
 
     def _catch_up(self, ex: ComputationExecutor) -> BatchReport | None:
-        """The records of the intervals just taken in the files this instance's query consumed
-        before and their earlier owners did not process (``rescale.py``), as one batch."""
+        """As one batch, the records of the intervals just taken that this instance's query read
+        before and their earlier owners did not process (``rescale.py``)."""
         shared = ex.shared
         if shared is None:
             return None
@@ -312,7 +312,7 @@ class PipelineRunner:
 
     def _shutdown(self, execs: dict[str, ComputationExecutor | None], leases: LeaseManager | None, *,
                   failing: BaseException | None, member: Membership | None = None) -> None:
-        """Stop every executor and close ``leases`` (None: left open); raise the first failure unless ``failing``."""
+        """Stop the executors, close ``leases`` (unless None); raise the first failure unless ``failing``."""
         first: BaseException | None = None
         if member is not None:
             try:  # leave first: the others' target changes as this instance gives its intervals back

@@ -93,7 +93,8 @@ def upgrade_all(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, 
                 progress: Callable[[str], None] | None = None,
                 before_commit: Callable[[Mapping[int, int]], None] | None = None) -> SurgeryResult:
     """Upgrade every older-version row of ``code``'s computation. Raises ConfigError (no such
-    computation), StateUpgradeError (nothing changed), LeaseHeldError, StaleSequencerError or LeaseLostError."""
+    computation), StateUpgradeError (nothing changed), LeaseHeldError, StaleSequencerError or
+    LeaseLostError."""
     plan = plan_upgrade(spark, layout, client, pipeline=pipeline, code=code, sample=0)
     if not plan.intervals:
         return SurgeryResult(computation=code.name, intervals=(), sequencers={}, upserted=(), deleted=(), before={}, version=None,

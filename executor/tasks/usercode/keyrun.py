@@ -62,9 +62,8 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
             input_watermark_ms: int | None, now_ms: int, dedup_horizon_ms: int | None = None,
             fire_timers: bool = True, presorted: bool = False, keep_ids: bool = True,
             strong: bool | None = None, record_watermark_ms: int | None | SameAsInput = AS_INPUT) -> KeyOutcome:
-    """Run ``comp``'s user code for ``key`` over ``records`` and its due timers.
-
-    ``presorted``: already in (event time, record id) order; ``keep_ids``: False only reports new ids;
+    """Run ``comp``'s user code for ``key`` over ``records`` and its due timers. ``presorted``:
+    already in (event time, record id) order; ``keep_ids``: False only reports new ids;
     ``strong``: checkpoint the productions in the row (default: ``comp.strong_productions``)."""
     codec = codec_of(comp)
     ctx = Context(computation=comp.name, key=key, state_bytes=row.state if row else None, codec=codec,

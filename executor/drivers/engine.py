@@ -37,13 +37,9 @@ Upstream = Injector | str
 Progress = bool | Callable[[str], None] | None  # True: print the lines; False / None: none; a callable: each line
 
 
-def _print_line(line: str) -> None:
-    print(line, flush=True)
-
-
 def _lines(progress: Progress) -> Callable[[str], None] | None:
     if progress is True:
-        return _print_line
+        return functools.partial(print, flush=True)
     if progress is False or progress is None:
         return None
     return progress

@@ -76,7 +76,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     exactly_once = comp.exactly_once
     horizon = _NEVER if dedup_horizon_ms is None else dedup_horizon_ms
     seen = {s.record_id for s in row.record_ids if s.seen_ms >= horizon} if (row and exactly_once) else set()
-    ran = run_user_code(comp, ctx, records if presorted else sorted(records, key=_order),
+    ran = run_user_code(comp, ctx, records if presorted else sorted(records, key=_ORDER),
                         seen=seen if exactly_once else None, input_watermark_ms=input_watermark_ms,
                         now_ms=now_ms, fire_timers=fire_timers, record_watermark_ms=record_watermark_ms)
     fresh, dups, late, dead, fired = ran
@@ -366,6 +366,7 @@ class UserCode:
 
 _RECORD_ID = attrgetter("record_id")
 _LATE = attrgetter("late")
+_ORDER = attrgetter("timestamp_ms", "record_id")  # a key's records in event-time order
 _CODECS: dict[tuple[str, bool], Codec] = {}
 _TTLS: dict[type, tuple[int | None, int | None]] = {}  # computation class -> its state TTLs (ms)
 _NEVER = -(2**63)  # no input low watermark yet: no event-time timer is due
@@ -397,10 +398,6 @@ def first_timer_seqs(record_ids: Sequence[str]) -> Any:
     raw = b"".join([b2(r.encode("utf-8", "surrogatepass"), digest_size=5).digest() for r in record_ids])
     d = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 5).astype(np.int64)
     return ((d[:, 0] << 32) | (d[:, 1] << 24) | (d[:, 2] << 16) | (d[:, 3] << 8) | d[:, 4]) << 23
-
-
-def _order(r: Record) -> tuple[int, str]:
-    return (r.timestamp_ms, r.record_id)
 
 
 def _unseen(records: Sequence[Record], seen: set[str] | None) -> tuple[Sequence[Record], int]:

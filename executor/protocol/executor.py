@@ -86,9 +86,7 @@ class ComputationExecutor:
         self.records_in_total = 0
         # one row of figures per committed batch in the store's _metrics/batches (None: off)
         self.metrics: BatchMetrics | None = BatchMetrics(spark, layout)
-        # set by the pipeline runner when instances share the intervals (``rescale.py``)
         self._shared = shared
-        # records each batch's input positions in its commit (replay; ``rescale.py``'s positions)
         self._positions = positions
         self._protocol = BatchProtocol(self)  # the seven steps of each batch (``batch.py``)
         self._started = False

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from .context import Context
 
-__all__ = ["RECORD_KEY", "Record", "make_record", "Computation", "ColumnBatch", "ColumnResult", "LatePolicy", "ErrorPolicy", "KeyExtractor", "extract_key"]
+__all__ = ["RECORD_KEY", "Record", "make_record", "Computation", "ColumnBatch", "ColumnResult", "LatePolicy", "ErrorPolicy", "KeyExtractor"]
 
 KeyExtractor = Union[str, Callable[[Any], Any]]
 
@@ -285,12 +285,3 @@ def key_or_reason(extractor: KeyExtractor, value: Any) -> tuple[str | None, str 
     if len(key.encode("utf-8")) > MAX_KEY_BYTES:
         return None, f"key longer than {MAX_KEY_BYTES} bytes"
     return key, None
-
-
-def extract_key(extractor: KeyExtractor, value: Any) -> Any:
-    """Apply a key extractor: a field name of a mapping value, or a callable."""
-    if isinstance(extractor, str):
-        if not isinstance(value, Mapping):
-            raise TypeError(f"value is a {type(value).__name__}, not a mapping with field {extractor!r}")
-        return value[extractor]
-    return extractor(value)

@@ -81,8 +81,7 @@ class InputSchemaError(ConfigError):
 
 class InputFileError(ConfigError):
     """An input file cannot be read at all (truncated, corrupt, not Parquet): retrying cannot help.
-    Raised in a task (the direct read) with the file's path; :func:`from_task` finds it in the task's
-    failure text."""
+    :meth:`from_task` finds it, with the file's path, in a failed task's text."""
 
     ADVICE = ("the batch was not committed. The file is truncated or is not a Parquet file: write it again whole under "
               "the same name (or, to leave its records out, a Parquet file of the injector's schema without rows), "

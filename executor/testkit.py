@@ -151,9 +151,8 @@ class ComputationTester:
 
     def add(self, value: Any, *, event_time_ms: int, stream: str | None = None, key: str | None = None,
             record_id: str | None = None) -> None:
-        """Run one record now: its key's user code, and that key's due timers. ``key`` defaults to the
-        stream's key extractor on ``value`` (no usable key: a dead letter), ``record_id`` to a fresh one
-        (a repeated id is a duplicate).
+        """Run one record now, then its key's due timers. ``key`` defaults to the stream's key extractor
+        on ``value`` (no usable key: a dead letter); a repeated ``record_id`` is a duplicate.
 
         Raises:
             WindowingError: the stream is not an input, or is keyed by ``RECORD_KEY`` without ``key``."""

@@ -1,17 +1,10 @@
-"""Continuous pipelines: every computation's streaming query live at once, until stopped.
+"""Continuous pipelines: one unbounded streaming query per computation, live until stopped.
 
-:class:`ContinuousRun` (``engine.start_pipeline``, ``deltawheel run``) runs one unbounded query per
-computation in one Spark application, each on its own :class:`Trigger`, on the bounded runner's
-checkpoints (either takes over from the other), beside idle-stage ticks, tools' hand-overs
-(``handover.py``), instances sharing intervals (``sharing.py``) and background gc.
+Invariant: a downstream batch never acts on an upstream low watermark beyond what it read
+(:attr:`.ComputationExecutor.upstream_caps` and ``input_hold_ms``). docs/continuous.md.
 
-Invariant: a downstream batch never acts on an upstream low watermark beyond what its micro-batch
-read: the watermark read after each batch caps the next one (:attr:`.ComputationExecutor.upstream_caps`)
-and holds the stage's own (:attr:`input_hold_ms`). docs/continuous.md, "Watermarks between live
-stages" and "Stopping".
-
-Over 500 lines: one class, the live run's lifecycle (start, ticks, stop); its parts that stand alone
-are already in ``sharing``, ``handover``, ``triggers``, ``querystart``, ``inputs`` and ``pools``."""
+Over 500 lines: one class, the live run's lifecycle; its separable parts are in ``sharing``,
+``handover``, ``triggers``, ``querystart``, ``inputs`` and ``pools``."""
 
 from __future__ import annotations
 
@@ -72,21 +65,15 @@ class _Stage:
 
 
 class ContinuousRun:
-    """A pipeline's computations running unbounded (see the module docstring); made by
-    ``engine.start_pipeline`` (``start()`` already called) on the engine's wiring.
+    """A pipeline's computations running unbounded; made (and started) by ``engine.start_pipeline``.
 
     Args:
         trigger: every query's trigger (:meth:`Trigger.parse`); ``triggers``: per computation name.
-        computations: the names of those this process runs (default: all; the others run elsewhere
-            on the same store and ZooKeeper).
+        computations: those this process runs (default: all).
         wait_s: how long to wait for leases another process holds.
-        progress: where the lines go (None: nowhere).
-        write_path, direct_read: as :class:`~.pipeline.PipelineRunner`'s.
         tick_s: how often an idle query's executor looks for due timers.
-        instance: this job instance's name when instances share the intervals (``sharing.py``;
-            None: this process holds every interval of its computations).
-        background_gc: gc's Delta passes every N batches or S seconds (``gc/background.py``; None: none).
-        zk: the engine's ZooKeeper settings, for :meth:`drain`."""
+        instance: this job instance's name when instances share the intervals (``sharing.py``).
+        background_gc: gc's Delta passes every N batches or S seconds (None: none)."""
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, wiring: Wiring,
                  trigger: str | float | Trigger | None = None,
@@ -196,9 +183,7 @@ class ContinuousRun:
         return True
 
     def run_until_stopped(self, *, seconds: float | None = None, drain: bool = False) -> StopReport:
-        """Block until SIGTERM, Ctrl-C, ``seconds`` or a failure, then :meth:`stop` (:meth:`drain` with
-        ``drain``: the input has ended). Signal handlers are installed, and put back, only from the
-        main thread.
+        """Block until SIGTERM, Ctrl-C, ``seconds`` or a failure, then :meth:`stop` (or :meth:`drain`).
 
         Raises:
             DeltaWheelError: a batch's own typed error (after the run was stopped)."""
@@ -224,9 +209,8 @@ class ContinuousRun:
         return self.stop()
 
     def drain(self) -> RunSummary:
-        """The input has ended: stop, read every source to its end, move the injectors' watermarks to
-        the end of time and fire and deliver everything stage after stage (``drain.py``); returns the
-        summary once every stage is idle with nothing pending.
+        """The input has ended: read every source to its end, fire and deliver everything stage after
+        stage (``drain.py``); returns the summary once every stage is idle.
 
         Raises:
             ConfigError: an instance sharing its intervals, or a run of only some computations.
@@ -236,8 +220,7 @@ class ContinuousRun:
         return drain(self)
 
     def stop(self, *, timeout_s: float = 120.0) -> StopReport:
-        """Stop gracefully (see the module docstring); returns what was done (also as a progress
-        line). Idempotent. ``timeout_s`` bounds the wait for the batches in flight."""
+        """Stop gracefully (idempotent); returns what was done. ``timeout_s`` bounds each batch's wait."""
         if self._stopped is not None:
             return self._stopped
         t0 = time.monotonic()
@@ -283,22 +266,19 @@ class ContinuousRun:
             t.join(max(0.0, deadline - time.monotonic()))
             if t.is_alive():
                 unfinished.append(name)
-        first: BaseException | None = None
         for name, stage in reversed(list(self.stages.items())):
             try:
                 with stage.lock:  # a tick that began is over (the ticker ended); a batch refused
                     if stage.ex is not None:
                         stage.ex.stop()  # the delivery lands, the leases go back
             except Exception as exc:
-                first = first or exc
                 self._log(f"{name}: stopping failed: {type(exc).__name__}: {exc}")
         return unfinished
 
     @staticmethod
     def _stop_query(stage: _Stage, deadline: float) -> None:
-        """Wait for the batch in flight to end (its commit and delivery, then Spark's commit log), then stop the query:
-        Spark's stop cancels the jobs of a batch still running, so it must not run under one; a
-        batch Spark begins meanwhile is refused (it waits for the lock, sees the stop and raises)."""
+        """Wait for the batch in flight to end, then stop the query: Spark's stop cancels the jobs of a
+        running batch; a batch Spark begins meanwhile is refused."""
         held = stage.lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
         try:
             await_commit_log(stage.query, stage.done_batch, deadline)
@@ -456,9 +436,7 @@ class ContinuousRun:
                     stage.lock.release()
 
     def _hand_over(self, stage: _Stage) -> None:
-        """At a batch boundary (the stage's lock held): a tool asked for intervals the stage holds
-        (``handover.py``): give them back and take them again once it is done. The query's next
-        batch waits meanwhile."""
+        """At a batch boundary: give the intervals a tool asked for back, retake them once it is done."""
         if self._handover is not None and self._handover.asked(stage.comp.name):
             retake = None
             sharing = self._sharing
@@ -517,8 +495,7 @@ class ContinuousRun:
 
 
 def _hold(caps: Mapping[str, int | None]) -> int | None:
-    """The hold on a computation's low watermark for the upstream watermarks it acted on (its
-    unread input is after them): their minimum, an unknown one holding everything (0); None: no
-    upstream computation."""
+    """The hold on a computation's low watermark: the minimum of the upstream watermarks it acted
+    on, 0 if one is unknown; None: no upstream computation."""
     return min((0 if c is None else c) for c in caps.values()) if caps else None
 

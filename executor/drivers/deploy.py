@@ -116,9 +116,8 @@ def submit_args(*, object_store: bool = False, archive: str | None = None, deplo
 
 
 _LAUNCHER_MAIN = """\
-# deltawheel's launcher of a Python job in cluster mode (written by deltawheel submit-args).
-# Spark's PythonRunner runs this zip with the cluster's Python; the session's start unpacks
-# spark.archives, whose site-packages then go on sys.path before the job module runs.
+# deltawheel's launcher of a Python job in cluster mode: the session's start unpacks
+# spark.archives, whose site-packages go on sys.path before the job module runs.
 import glob, os, runpy, site, sys
 from pyspark import SparkFiles
 from pyspark.sql import SparkSession
@@ -193,9 +192,8 @@ def _copy_sources(root: Path, dest: Path) -> Path:
 
 def pack_environment(dest: Path, *, python: str | None = None, wheel: Path | None = None,
                      extra: tuple[str, ...] = (), keep_pyspark: bool = False) -> Path:
-    """Pack a virtual environment with deltawheel and ``extra`` into ``dest`` (.tar.gz); ``python``
-    must exist at the same path on the cluster's hosts. An up-to-date archive is kept; raises
-    ConfigError with a failed step's output."""
+    """Pack a virtual environment with deltawheel and ``extra`` into ``dest`` (.tar.gz), kept if up to
+    date; ``python`` must exist at the same path on the cluster's hosts. Raises ConfigError."""
     try:
         import venv_pack
     except ImportError as exc:

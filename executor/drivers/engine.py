@@ -37,13 +37,9 @@ Upstream = Injector | str
 Progress = bool | Callable[[str], None] | None  # True: print the lines; False / None: none; a callable: each line
 
 
-def _print_line(line: str) -> None:
-    print(line, flush=True)
-
-
 def _lines(progress: Progress) -> Callable[[str], None] | None:
     if progress is True:
-        return _print_line
+        return functools.partial(print, flush=True)
     if progress is False or progress is None:
         return None
     return progress
@@ -136,9 +132,8 @@ class Engine:
 
     def executor(self, computation: Computation, *, upstream: Upstream | Sequence[Upstream] = (),
                  checkpoint: str | None = None, wait_s: float | None = None, **options: Any) -> ComputationExecutor:
-        """A started executor of ``computation``: pass it to ``writeStream.foreachBatch``. ``upstream``:
-        injectors (their watermarks published after each batch) and/or names such as ``"injector:NAME"``;
-        ``options``: more :class:`ComputationExecutor` arguments. Raises ConfigError (event-time timers
+        """A started executor of ``computation`` for ``writeStream.foreachBatch``. ``upstream``:
+        injectors and/or names such as ``"injector:NAME"``. Raises ConfigError (event-time timers
         without a watermark source, bad options) or LeaseHeldError after ``wait_s``."""
         self._check_open()
         items = [upstream] if isinstance(upstream, (str, Injector)) else list(upstream)
@@ -157,9 +152,9 @@ class Engine:
     def start(self, source: Any, computation: Computation, *, checkpoint: str | None = None,
               available_now: bool = False, upstream: Upstream | Sequence[Upstream] = (),
               trigger: str | float | Trigger | None = None, **options: Any) -> Any:
-        """Start a streaming query of ``source`` (an injector or a stream-table-schema DataFrame); returns
-        Spark's ``StreamingQuery``. ``available_now``: read what is there and stop, else run on
-        ``trigger``; raises ConfigError for a bad ``trigger``, or one given with ``available_now``."""
+        """Start a streaming query of ``source`` (an injector or a stream-table DataFrame).
+        ``available_now``: read what is there and stop; raises ConfigError for a bad ``trigger`` or one
+        with ``available_now``."""
         when = Trigger.parse(trigger)
         if available_now and when.interval_ms is not None:
             raise ConfigError(f"start: trigger={trigger!r} and available_now=True: an availableNow query reads what "
@@ -213,10 +208,9 @@ class Engine:
                      trigger: str | float | Trigger | None = None, triggers: Mapping[str, Any] | None = None,
                      seconds: float | None = None, **options: Any) -> RunSummary:
         """Run ``pipeline`` over everything its injectors hold now, stage after stage; returns the summary.
-        ``continuous=True``: run it unbounded (:meth:`start_pipeline`) until stopped or ``seconds``;
-        ``options``: more :class:`PipelineRunner` arguments, ``progress``, ``gc_every`` (docs/operations.md).
-        Raises ConfigError (a pipeline named otherwise than the engine's, an option the engine sets, a
-        stream nothing produces, a cycle) or a batch's own typed DeltaWheelError."""
+        ``continuous=True``: run it unbounded (:meth:`start_pipeline`) until stopped or ``seconds``.
+        Raises ConfigError (another pipeline name, an option the engine sets, a stream nothing
+        produces, a cycle) or a batch's own typed DeltaWheelError."""
         self._check_open()
         if continuous:
             run = self.start_pipeline(pipeline, trigger=trigger, triggers=triggers, wait_s=wait_s, **options)
@@ -239,10 +233,8 @@ class Engine:
                        triggers: Mapping[str, Any] | None = None, computations: Sequence[str] | None = None,
                        wait_s: float | None = None, **options: Any) -> ContinuousRun:
         """Start ``pipeline`` unbounded; returns the :class:`.ContinuousRun` (docs/continuous.md).
-        ``triggers``: per computation, its own trigger; ``computations``: those to run here (default: all);
-        ``options``: ``write_path``, ``direct_read``, ``tick_s``, ``progress``, ``instance``, ``gc_every``,
-        ``background_gc``, ``metrics_port``. Raises ConfigError as :meth:`run_pipeline`, for a bad
-        trigger, an unknown computation name, or an ``instance`` other than :func:`connect`'s."""
+        Raises ConfigError as :meth:`run_pipeline`, for a bad trigger, an unknown computation name,
+        or an ``instance`` other than :func:`connect`'s."""
         self._check_open()
         self._check_pipeline(pipeline, options)
         self._gc_every(options)

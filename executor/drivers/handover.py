@@ -1,9 +1,6 @@
-"""A running stage's side of a tool's hand-over request (``statestore/zk/handover.py``):
-:class:`HandoverWatch` watches each computation's request znode, so a stage gives its intervals
-back at its next batch boundary.
-
-While the connection is SUSPENDED no watch fires and the stage keeps what it holds; kazoo sets
-the watches again on reconnect. A LOST session ends the leases (batches fail with ``LeaseLostError``)."""
+"""A running stage's side of a tool's hand-over request (``statestore/zk/handover.py``): the stage
+gives its intervals back at its next batch boundary. While SUSPENDED no watch fires and the stage
+keeps what it holds; kazoo sets the watches again on reconnect."""
 
 from __future__ import annotations
 
@@ -60,10 +57,8 @@ def hand_over(ex: ComputationExecutor | None, watch: HandoverWatch, computation:
     """Between batches: give the leases a tool asked for back, wait for its request to go, retake
     them; returns the executor to go on with.
 
-    ``retake``: how an instance sharing the intervals takes them again (``sharing.py``): the free
-    ones of its share then, in a new executor (None: none free), since while they were given back
-    another instance may have taken some of them (the target moved them there); without it the
-    same executor takes every interval it held again, waiting up to ``wait_s`` for each."""
+    ``retake``: how an instance sharing the intervals takes them again (``sharing.py``; another may
+    have taken some meanwhile); without it the same executor retakes all, waiting up to ``wait_s``."""
     if ex is None:
         return None  # an instance holding none of this computation's intervals: nothing to hand over
     asked = read_handover(watch.client, watch.pipeline, computation)

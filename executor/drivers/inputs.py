@@ -1,7 +1,5 @@
-"""A computation's input as one streaming DataFrame, built alike by the bounded runner
-(``runner.py``) and the continuous one (``continuous.py``): injectors' frames and upstream stream
-tables, tagged with a ``stream`` column. Instances sharing intervals read a stream table from
-version 0: the files deliveries added, never a compaction's (``protocol/rescale.py``)."""
+"""A computation's input as one streaming DataFrame tagged with a ``stream`` column. Instances
+sharing intervals read a stream table from version 0: never a compaction's files (``protocol/rescale.py``)."""
 
 from __future__ import annotations
 

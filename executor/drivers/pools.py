@@ -1,12 +1,6 @@
-"""Spark's FAIR scheduler pools for live queries sharing one Spark application.
-
-Each query of a continuous pipeline runs its micro-batch jobs in a pool of its own: Spark's stream
-execution thread is created by the thread that calls ``writeStream...start()`` and inherits its local
-properties, ``spark.scheduler.pool`` among them, and a ``foreachBatch`` function's jobs run on that
-thread. Under ``spark.scheduler.mode=FAIR`` (set in every session deltawheel builds) the pools share
-the executors' cores, so a busy stage does not queue the others' tasks behind its own; under FIFO
-(a session built elsewhere) pools change nothing, and :func:`warn_unless_fair` says so.
-docs/continuous.md, "Scheduler pools"."""
+"""Spark's FAIR scheduler pools: each live query's micro-batch jobs in a pool of its own, so a busy
+stage does not queue the others' tasks. The stream thread inherits the starting thread's
+``spark.scheduler.pool``. docs/continuous.md, "Scheduler pools"."""
 
 from __future__ import annotations
 
@@ -26,8 +20,7 @@ class SchedulerModeWarning(UserWarning):
 
 @contextmanager
 def in_pool(spark: Any, pool: str) -> Iterator[None]:
-    """Jobs this thread submits, and the queries it starts, run in scheduler pool ``pool`` (its
-    previous pool back on exit)."""
+    """Jobs this thread submits, and the queries it starts, run in scheduler pool ``pool`` until exit."""
     sc = spark.sparkContext
     before = sc.getLocalProperty(POOL_PROPERTY)
     sc.setLocalProperty(POOL_PROPERTY, pool)

@@ -1,6 +1,5 @@
-"""Promote (``deltawheel promote``): a replay's state replaces the live computation's, under its leases.
-Check, catch up, take the leases, catch up and prove, replace in one fenced commit; :func:`plan_promote`
-is the dry run. docs/replay.md, "6. Promote"."""
+"""Promote (``deltawheel promote``): a replay's state replaces the live computation's in one fenced
+commit, under its leases; :func:`plan_promote` is the dry run. docs/replay.md, "6. Promote"."""
 
 from __future__ import annotations
 
@@ -99,8 +98,7 @@ def check_replay(store: StoreLayout, into: StoreLayout, *, pipeline: str, comput
 
 def promote_intervals(marker: Mapping[str, Any], intervals: Sequence[int] | None, num_intervals: int, *,
                       into: str) -> tuple[int, ...] | None:
-    """The intervals a promotion takes: ``intervals`` (checked: ConfigError, ReplayTargetError), else the
-    replay's."""
+    """``intervals`` (checked: ConfigError, ReplayTargetError), else the replay's."""
     replayed = marker.get("intervals")
     if intervals is None:
         return None if replayed is None else tuple(sorted(int(i) for i in replayed))

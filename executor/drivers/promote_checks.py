@@ -1,6 +1,5 @@
-"""What a promotion proves before it commits: that the replay ran every live commit it replaces.
-Claims, fences, compactions and tools' commits need not have been re-run; a commit without input
-positions cannot have been."""
+"""What a promotion proves before it commits: that the replay ran every live commit it replaces
+(claims, fences, compactions and tools' commits excepted; one without input positions never counts)."""
 
 from __future__ import annotations
 

@@ -15,17 +15,20 @@ __all__ = ["clear_unstarted", "delta_end_version", "pending_batch"]
 _LOGS = ("offsets", "commits")
 
 
+def _entries(folder: str) -> list[str]:
+    """The names in ``folder`` ([]: it cannot be listed)."""
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
 def clear_unstarted(checkpoint: str) -> list[str]:
     """Delete the leftovers of an unfinished first write in a local ``checkpoint``; the paths deleted."""
     local = local_path(checkpoint)
     if local is None:
         return []
-    names: dict[str, list[str]] = {}
-    for sub in _LOGS:
-        try:
-            names[sub] = os.listdir(os.path.join(local, sub))
-        except OSError:
-            names[sub] = []
+    names = {sub: _entries(os.path.join(local, sub)) for sub in _LOGS}
     if any(n.isdigit() for sub in _LOGS for n in names[sub]):
         return []
     gone = []
@@ -67,18 +70,12 @@ def delta_end_version(query: Any, path: str) -> int | None:
 
 
 def pending_batch(checkpoint: str) -> int | None:
-    """The id of the micro-batch the checkpoint planned and did not commit (Spark replays it first),
-    None when there is none; for a remote checkpoint (not listed here) a bound above any id, so
-    that the first batch of the start counts as a replay."""
+    """The id of the micro-batch the checkpoint planned and did not commit (None: none); for a remote
+    checkpoint a bound above any id, so that the start's first batch counts as a replay."""
     local = local_path(checkpoint)
     if local is None:
         return 2**62
-    ids = {}
-    for sub in ("offsets", "commits"):
-        try:
-            ids[sub] = [int(n) for n in os.listdir(os.path.join(local, sub)) if n.isdigit()]
-        except OSError:
-            ids[sub] = []
+    ids = {sub: [int(n) for n in _entries(os.path.join(local, sub)) if n.isdigit()] for sub in _LOGS}
     planned = max(ids["offsets"], default=None)
     committed = max(ids["commits"], default=-1)
     return planned if planned is not None and planned > committed else None
@@ -86,8 +83,7 @@ def pending_batch(checkpoint: str) -> int | None:
 
 def await_commit_log(query: Any, done_batch: int, deadline: float) -> None:
     """Wait until ``deadline`` (monotonic) for ``query`` to report micro-batch ``done_batch``'s
-    progress: Spark writes a batch's commit log before its progress, so a stop after this does not
-    replay that batch at the next start (harmless, its ids are deduplicated, but read again)."""
+    progress: Spark writes the commit log first, so a stop after this does not replay that batch."""
     while done_batch >= 0 and time.monotonic() < deadline and query.isActive:
         progress = query.lastProgress
         if progress is not None and int(progress["batchId"]) >= done_batch:

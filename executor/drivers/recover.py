@@ -1,7 +1,5 @@
 """Recovery without the pipeline (``deltawheel recover``): deliver undelivered checkpointed productions.
-
-On ZooKeeper SUSPENDED / LOST while :func:`recover` holds the leases, the lease module's rules
-apply: a redelivery is idempotent, and the next owner's recovery delivers what this one did not."""
+A redelivery is idempotent: after a lost session the next owner delivers what this one did not."""
 
 from __future__ import annotations
 
@@ -108,8 +106,7 @@ def scan(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str,
 def recover(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, computation: str, num_intervals: int,
             writer: str = "deltawheel-recover", wait_s: float = 0.0,
             progress: Callable[[str], None] | None = None) -> RecoverResult:
-    """Take the intervals, deliver undelivered checkpointed productions, give them back (LeaseHeldError if
-    held)."""
+    """Take the intervals, deliver their undelivered productions, give them back (held: LeaseHeldError)."""
     log: list[str] = []
 
     def note(line: str) -> None:

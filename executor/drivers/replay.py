@@ -1,15 +1,7 @@
 """Replay: re-run one computation from a past rows-table version into a shadow store.
 
-A replay of computation C, from rows-table version V up to W:
-
-1. **Plan** (:func:`plan_replay`): C's batch commits after V up to W, each with its input
-   positions and watermarks; a commit without positions in that range is refused.
-2. **Seed** the shadow store (``into``, its own chroot and leases) with C's rows as of V, carrying
-   the acted-watermark mark of C's newest commit up to V.
-3. **Re-run** each planned batch with the same input files and input watermark, through the
-   ordinary executor; ``<into>/_replay.json`` records where it stands, so a second replay continues.
-4. **Diff** (``replay_diff.py``) the shadow state and productions against the live store as of W.
-
+Plan the commits to re-run, seed the shadow store with the rows as of the start version, re-run
+each batch on its recorded inputs and watermark, diff against the live store (``replay_diff.py``).
 The live store is only read. docs/replay.md."""
 
 from __future__ import annotations
@@ -261,10 +253,8 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
                 keys: Sequence[str] | None = None, num_intervals: int | None = None,
                 code: Computation | None = None, injectors: Sequence[Injector] = ()) -> ReplayPlan:
     """What a replay of ``computation`` would read and write: exactly one of ``from_version``,
-    ``from_timestamp_ms`` and ``from_start``; ``to_version`` None: the newest commit. Raises
-    NotAStoreError, ConfigError (never ran there, an injector missing), ReplayUnavailableError (no such
-    version, or past the horizon), ReplayTargetError (``into`` unfit) or InputGoneError (a planned
-    batch's input file is gone)."""
+    ``from_timestamp_ms`` and ``from_start``. Raises NotAStoreError, ConfigError, ReplayUnavailableError
+    (no such version, or past the horizon), ReplayTargetError or InputGoneError."""
     scope = None
     if intervals is not None or keys is not None:
         if num_intervals is None:
@@ -366,9 +356,8 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
            injectors: Sequence[Injector] = (), write_path: str = "auto",
            progress: Callable[[str], None] | None = None, diff: bool = True, source: str | None = None,
            code_spec: str | None = None) -> ReplayResult:
-    """Run ``plan`` with ``code``; returns the reports and the diff. ``zk``: the shadow store's
-    ZooKeeper (:func:`shadow_chroot`; None: its own embedded server). Raises ReplayCodeError,
-    ConfigError (an injector not given) or InputGoneError."""
+    """Run ``plan`` with ``code``; returns the reports and the diff. ``zk`` None: an embedded server.
+    Raises ReplayCodeError, ConfigError (an injector not given) or InputGoneError."""
     if code.name != plan.computation:
         raise ReplayCodeError(f"the replayed code is computation {code.name!r}, the plan replays {plan.computation!r}")
     store, into = StoreLayout(plan.store), StoreLayout(plan.into)

@@ -1,15 +1,8 @@
-"""The pipeline runner: a :class:`~.pipeline.Pipeline` run on Spark streaming queries.
+"""The pipeline runner: bounded inputs run to completion in rounds of Spark streaming queries.
 
-Each computation is one Structured Streaming query over the union of its inputs (injector streams
-or other computations' stream tables) feeding a :class:`ComputationExecutor` through
-``foreachBatch``. :class:`PipelineRunner` runs bounded inputs to completion in *rounds*: each
-computation in topological order consumes everything available (``availableNow``, no per-trigger
-limit on stream tables, so a downstream batch holds all its upstream delivered before its
-watermark was read), then timers are flushed; rounds repeat until nothing moves. Checkpoints live
-in the store, so re-running a command after a crash resumes from the last commit.
-
-Also here: the image tasks' direct read of a Parquet injector's files (``tasks/image/direct.py``),
-tools' hand-overs between rounds and background gc; ``wiring.py`` composes the collaborators.
+One Structured Streaming query per computation feeds a :class:`ComputationExecutor` through
+``foreachBatch``; each round runs every computation in topological order (``availableNow``), then
+flushes timers, until nothing moves. Checkpoints live in the store: a re-run resumes.
 docs/embedding.md, "Rounds" and "Direct read"; docs/operations.md, "Garbage collection".
 """
 
@@ -52,18 +45,12 @@ __all__ = ["PipelineRunner"]
 
 
 class PipelineRunner:
-    """Runs a pipeline's bounded inputs to completion (see the module docstring).
+    """Runs a pipeline's bounded inputs to completion.
 
-    ``max_pause_s`` bounds a batch's pause while ZooKeeper does not serve (a lost quorum, a lone
-    server down): commits and watermark publications wait, then give up with ``LeaseSuspendedError``
-    (default 300 s; None: while the session is not reported expired, an expired one stops the run
-    with ``LeaseLostError``). A ZooKeeper that lost its data refuses the session without expiring it:
-    the run stops with ``CoordinatorStateLostError`` once paused past the session timeout
-    (``statestore/zk/refusal.py``).
-
-    ``wiring``: an engine's ZooKeeper objects (``engine.run_pipeline``) to run on instead of
-    connecting to ``zk`` and migrating the store; left open (``zk`` then only gives the membership
-    node's ACLs, and ``max_pause_s`` is the leases' own)."""
+    ``max_pause_s``: how long a batch waits while ZooKeeper does not serve before
+    ``LeaseSuspendedError`` (None: until the session expires, then ``LeaseLostError``); a ZooKeeper
+    that lost its data stops the run with ``CoordinatorStateLostError``. ``wiring``: an engine's
+    ZooKeeper objects to run on instead of connecting to ``zk``; left open."""
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, zk: ZkConfig,
                  owner: str | None = None, wait_s: float = 60.0, progress: Callable[[str], None] = print,
@@ -105,8 +92,7 @@ class PipelineRunner:
         self._read_upto: dict[str, list[Any]] = {}  # per computation: its inputs' tokens at its last query start
 
     def run(self) -> RunSummary:
-        """Migrate the store, then run rounds until nothing moves (at most ``max_rounds``); with
-        ``wiring``, the rounds only."""
+        """Migrate the store (not with ``wiring``), then run at most ``max_rounds`` rounds."""
         # Python workers forked now, while ZooKeeper, the leases and the query start take their time
         warming = _worker.warm_workers(self.spark, on_error=lambda e: self.progress(
             f"warming the Python workers failed (the tasks start them instead): {e!r}")) if self.warm_workers else None
@@ -159,8 +145,7 @@ class PipelineRunner:
                         time.sleep(self.poll_s)  # following the input: look again
                 rnd += 1
         except BaseException as exc:
-            # the cause is what the caller must see: a failure to settle or give the leases back
-            # on the way out (e.g. over a ZooKeeper session that expired) is only logged
+            # the cause is what the caller must see: a failure on the way out is only logged
             self._shutdown(execs, leases if own else None, failing=exc, member=member)
             raise
         self._shutdown(execs, leases if own else None, failing=None, member=member)
@@ -182,10 +167,8 @@ class PipelineRunner:
                 self._rebalance(comp, execs)
             else:
                 started = execs[comp.name] = self._start(comp, self.intervals, wait_s=self.wait_s)
-                # leases in pipeline order, each computation's before the next's (the rest of each
-                # start goes on in the background): two copies started at once must not each take
-                # some and wait for the other's. The last one's are awaited in _consume, so its
-                # input frames are built meanwhile
+                # leases in pipeline order: two copies started at once must not each take some and
+                # wait for the other's. The last one's are awaited in _consume
                 if i < len(ordered) - 1:
                     started.wait_leased()
 
@@ -201,8 +184,7 @@ class PipelineRunner:
             ex = execs[comp.name]
             if ex is None:
                 continue  # holds no interval of it now
-            # consume, then flush: a stage never acts on a watermark beyond what its
-            # upstream delivered before that watermark was read
+            # consume, then flush: never act on a watermark beyond what upstream delivered
             moved += self._consume(comp, ex)
             if self.end_of_input:  # its bounded inputs are fully read: watermark to the end
                 for inj in p.injectors:
@@ -211,8 +193,7 @@ class PipelineRunner:
                         publish_watermark(authority, inj, instance=self.instance)
             r = ex.flush()
             ex.settle()  # its last delivery lands before the next stage reads
-            # its stream tables (made beside its start) exist before the next stage reads
-            # them, even when no batch of it needed one
+            # its stream tables exist before the next stage reads them, even with no batch
             ex.path.streams_ready()
             moved += r.timers_fired + r.productions
             if self.background_gc is not None:  # a run due by time (its batches count in _consume)
@@ -244,8 +225,7 @@ class PipelineRunner:
         n = type(comp).num_intervals if intervals is None else len(intervals)
         self.progress(f"{comp.name}: waiting for leases on {n} intervals ...")
         if self.instance is None:
-            # nothing to catch up: with the leases held, the rest of the start (fence, recovery) runs
-            # while the query starts; the first batch waits for it (a failed start fails it, typed)
+            # nothing to catch up: fence and recovery run while the query starts; its first batch waits
             ex.start_in_background(wait_s=wait_s, then=lambda: self.progress(
                 f"{comp.name}: leases held, sequencers {owner.sequencers}"))
             return ex
@@ -253,18 +233,15 @@ class PipelineRunner:
         self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")
         self._catch_up(ex)
         if self.instance is not None:
-            # the intervals' input is caught up: an instance that held them before and is gone stops
-            # holding the injectors' watermarks back; this one holds them back if lost from here on
+            # caught up: the watermark hold moves from the intervals' former holder to this one
             authority.record_caught_up(comp.name, owner.sequencers)
             for inj in feeding:
                 authority.record_held(inj.name, self.instance, {comp.name: owner.sequencers})
         return ex
 
     def _rebalance(self, comp: Computation, execs: dict[str, ComputationExecutor | None]) -> None:
-        """Between batches: hold the free intervals the target gives this instance (``members.py``:
-        the live members' split, or the operator's move request), give back those assigned elsewhere
-        once the last delivery settled (``stop``); a change restarts the executor on the new set (fence,
-        recovery, catch-up)."""
+        """Between batches: take the free intervals the target gives this instance (``members.py``),
+        give back, once the delivery settled, those assigned elsewhere; a change restarts the executor."""
         client = self._wiring.client
         n = type(comp).num_intervals
         want = set(target(client, self.pipeline.name, comp.name, n).get(str(self.instance), ()))
@@ -298,9 +275,8 @@ class PipelineRunner:
                       f"{', catch-up' if any(r.batch_id == CATCH_UP_BATCH for r in nex.reports) else ''})")
 
     def _hand_over(self, comp: Computation, execs: dict[str, ComputationExecutor | None]) -> None:
-        """Between batches: a tool asked for intervals this executor holds (``zk/handover.py``):
-        settle the delivery and give every lease back (``stop``), wait for the tool to finish (its
-        request gone), then start again on the same intervals (fence, recovery: the new rows)."""
+        """Between batches: a tool asked for intervals held here (``zk/handover.py``): give every lease
+        back once the delivery settled, wait for the tool to finish, then start again on them."""
         client, name = self._wiring.client, self.pipeline.name
         ex = execs.get(comp.name)
         asked = read_handover(client, name, comp.name)
@@ -318,14 +294,13 @@ class PipelineRunner:
         self.progress(f"{comp.name}: intervals taken again after {asked.tool} ({time.monotonic() - t0:.1f}s)")
 
     def _checkpoint(self, comp: Computation) -> str:
-        """The computation's streaming checkpoint: one per pipeline, or per instance when
-        instances share the intervals."""
+        """The computation's streaming checkpoint: per pipeline, or per instance sharing the intervals."""
         base = f"{self.layout.root}/_checkpoints/{self.pipeline.name}/{comp.name}"
         return base if self.instance is None else f"{base}/{self.instance}"
 
     def _catch_up(self, ex: ComputationExecutor) -> BatchReport | None:
-        """The records of the intervals just taken in the files this instance's query consumed
-        before and their earlier owners did not process (``rescale.py``), as one batch."""
+        """As one batch, the records of the intervals just taken that this instance's query read
+        before and their earlier owners did not process (``rescale.py``)."""
         shared = ex.shared
         if shared is None:
             return None
@@ -337,8 +312,7 @@ class PipelineRunner:
 
     def _shutdown(self, execs: dict[str, ComputationExecutor | None], leases: LeaseManager | None, *,
                   failing: BaseException | None, member: Membership | None = None) -> None:
-        """Stop every executor (each gives its leases back) and close ``leases`` (None: an engine's,
-        left open); raise the first failure unless ``failing``."""
+        """Stop the executors, close ``leases`` (unless None); raise the first failure unless ``failing``."""
         first: BaseException | None = None
         if member is not None:
             try:  # leave first: the others' target changes as this instance gives its intervals back
@@ -368,9 +342,8 @@ class PipelineRunner:
         """One availableNow query over the computation's inputs; returns records consumed."""
         injectors = {i.name: i for i in self.pipeline.injectors}
         if self.instance is not None and ex.authority is not None:
-            # read before the query pins its snapshot of the upstream stream tables (or checks they
-            # are unchanged): another instance may deliver and advance an upstream watermark after
-            # that, and this query and its flush must not act on rows it has not read
+            # read before the query pins its upstream snapshot: a watermark advanced after that
+            # may cover rows this query has not read
             ex.upstream_caps = {name: ex.authority.advance_low_watermark(name)
                                 for kind, _, name in (u.partition(":") for u in ex.upstream)
                                 if kind == "computation"}
@@ -417,8 +390,7 @@ class PipelineRunner:
                 raise failed[-1] from exc
             raise
         if ex.metrics is not None:
-            # the batches' metrics rows waiting are written now, while the flush and the next
-            # queries run, instead of all at the end (stop waits for the rest): no wait here
+            # metrics rows are written now, while the next queries run (stop waits for the rest)
             ex.metrics.flush(timeout_s=0)
         if None not in tokens:
             self._read_upto[comp.name] = tokens

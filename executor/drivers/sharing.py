@@ -66,10 +66,8 @@ class Sharing:
               caps: Mapping[str, int | None], hold: int | None) -> ComputationExecutor | None:
         """The executor of ``comp`` on this instance's free share of the target (None: none free).
 
-        Instances started together may each find an interval free before the other takes it: a
-        share still held by another instance after :data:`LOOK_AGAIN_S` is looked at again (the
-        target then counts both), not waited for up to ``wait_s``; its own dead predecessor's
-        leases are waited for up to ``wait_s``.
+        A share another instance still holds after :data:`LOOK_AGAIN_S` is looked at again (two
+        started together may each see it free); a dead predecessor's leases are waited for.
 
         Raises:
             LeaseHeldError: an interval of its share is still held by another owner after ``wait_s``.
@@ -93,9 +91,8 @@ class Sharing:
 
     def retake(self, comp: Computation, checkpoint: str, *, caps: Mapping[str, int | None],
                hold: int | None) -> ComputationExecutor | None:
-        """After a tool's hand-over (``handover.py``): an executor of ``comp`` on the free intervals of
-        this instance's share now, without waiting for the others (another instance may have taken
-        some while they were given back: a later :meth:`rebalance` looks again); None: none free."""
+        """After a tool's hand-over: an executor of ``comp`` on the free intervals of this instance's
+        share now, without waiting for the others (:meth:`rebalance` looks again); None: none free."""
         _, free = self.wanted(comp)
         if not free:
             self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
@@ -111,8 +108,7 @@ class Sharing:
         """Between micro-batches: (the executor to go on with, whether it changed).
 
         Raises:
-            LeaseLostError: a lease of ``ex`` is lost (its ZooKeeper session expired, or a newer
-                process of this instance's name took it): the run stops with it, as without sharing.
+            LeaseLostError: a lease of ``ex`` is lost: the run stops with it.
         """
         n = type(comp).num_intervals
         try:

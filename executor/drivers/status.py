@@ -1,7 +1,5 @@
 """What ``deltawheel status`` and ``report`` show, gathered from a store (a local one read without
-Spark) and its ZooKeeper: per computation the owners and sequencers of its intervals, its input and
-output low watermarks, the last batches' figures (``_metrics/batches``), its state's size, the
-productions its rows checkpoint and whether they landed, and the dead letters and late records."""
+Spark) and its ZooKeeper, per computation."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ class StoreStatus:
     late: list[dict[str, Any]] = field(default_factory=list)  # computation, recorded_ms
     # computation -> keys (user keys with a row), rows (physical: with fence and record-id rows), bytes, files
     state: dict[str, dict[str, int]] = field(default_factory=dict)
-    # computation -> productions checkpointed in its rows, and those of them not in their stream;
-    # None: not known (a rows table Python cannot read, and no Spark)
+    # computation -> productions checkpointed in its rows, and those not in their stream (None: unknown)
     pending: dict[str, dict[str, int]] | None = field(default_factory=dict)
 
     def computations(self) -> list[tuple[str, str]]:

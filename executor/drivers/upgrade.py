@@ -1,6 +1,5 @@
-"""Upgrading every key's state to a computation's ``state_version`` at once (``deltawheel upgrade-state``):
-one fenced, audited commit under the affected intervals' leases while the pipeline runs the new code;
-any key's failing ``upgrade_state`` refuses the whole upgrade. docs/operations.md, "State versions"."""
+"""Upgrading every key's state to ``state_version`` at once (``deltawheel upgrade-state``) in one
+fenced, audited commit; one key's failing ``upgrade_state`` refuses it all. docs/operations.md."""
 
 from __future__ import annotations
 
@@ -93,9 +92,9 @@ def upgrade_all(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, 
                 wait_s: float = 0.0, no_wait: bool = False, source: str = "",
                 progress: Callable[[str], None] | None = None,
                 before_commit: Callable[[Mapping[int, int]], None] | None = None) -> SurgeryResult:
-    """Upgrade every older-version row of ``code``'s computation in one fenced, audited commit. Raises
-    ConfigError (no such computation), StateUpgradeError (nothing changed) or, as
-    ``replace_intervals``, LeaseHeldError, StaleSequencerError and LeaseLostError."""
+    """Upgrade every older-version row of ``code``'s computation. Raises ConfigError (no such
+    computation), StateUpgradeError (nothing changed), LeaseHeldError, StaleSequencerError or
+    LeaseLostError."""
     plan = plan_upgrade(spark, layout, client, pipeline=pipeline, code=code, sample=0)
     if not plan.intervals:
         return SurgeryResult(computation=code.name, intervals=(), sequencers={}, upserted=(), deleted=(), before={}, version=None,

@@ -1,10 +1,6 @@
-"""The one place the engine's objects are composed: the kazoo client, the :class:`LeaseManager`
-and :class:`WatermarkAuthority` on it, the :class:`RowStore`, and per computation an
-:class:`IntervalOwner` and its :class:`ComputationExecutor`.
-
-:func:`~.engine.connect`, :class:`~.runner.PipelineRunner` and :func:`~.recover.recover` (through
-:func:`recovery_owner`) build on it; ``deltawheel status`` reads watermarks through
-:func:`watermark_reader`. Each driver closes what it opened in its own order.
+"""The one place the engine's objects are composed: kazoo client, leases, watermark authority,
+row store, and per computation an :class:`IntervalOwner` and its :class:`ComputationExecutor`.
+Each driver closes what it opened, in its own order.
 """
 
 from __future__ import annotations
@@ -53,20 +49,15 @@ class Wiring:
 
     def executor(self, spark: Any, layout: StoreLayout, computation: Computation, *,
                  owner: IntervalOwner | None = None, **options: Any) -> ComputationExecutor:
-        """An executor of ``computation`` (not started) on ``owner`` (default: a new
-        :meth:`owner`) and this wiring's authority; ``options``: more :class:`ComputationExecutor`
-        arguments."""
+        """An executor of ``computation`` (not started) on ``owner`` (default: a new :meth:`owner`)."""
         return executor_of(spark, layout, computation, owner=self.owner(computation) if owner is None else owner,
                            authority=self.authority, **options)
 
 
 def wire(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, owner: str, zk: ZkConfig,
          max_pause_s: float | None = DEFAULT_MAX_PAUSE_S, instance: str | None = None) -> Wiring:
-    """The leases, the watermark authority and the row store of ``pipeline`` on ``client``, ``owner``
-    naming this process on the leases and the rows; ``zk`` gives the znodes' ACLs (its digest);
-    ``max_pause_s``: how long a batch pauses while ZooKeeper does not serve (None: while the session
-    lives); ``instance``: the job instance's name, kept across restarts (a restart takes its dead
-    predecessor's leases at once)."""
+    """The leases, the watermark authority and the row store of ``pipeline`` on ``client``; ``zk``
+    gives the znodes' ACLs; ``max_pause_s`` and ``instance`` as :func:`~.engine.connect`'s."""
     acls = digest_acls(zk)
     # each checks ZooKeeper's layout znodes (round trips of their own): both at once
     making = beside(lambda: WatermarkAuthority(client, pipeline=pipeline, acls=acls, max_pause_s=max_pause_s),
@@ -88,37 +79,32 @@ def wire(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, owner: 
 
 
 def owner_of(store: RowStore, leases: LeaseManager, computation: Computation) -> IntervalOwner:
-    """The interval owner of ``computation``: its ``num_intervals`` leases through ``leases``, its
-    rows in ``store``."""
+    """The interval owner of ``computation``: its leases through ``leases``, its rows in ``store``."""
     return IntervalOwner(store, leases, computation.name, num_intervals=type(computation).num_intervals)
 
 
 def executor_of(spark: Any, layout: StoreLayout, computation: Computation, *, owner: IntervalOwner,
                 authority: WatermarkAuthority | None = None, **options: Any) -> ComputationExecutor:
-    """An executor of ``computation`` on ``owner`` (not started); ``authority`` None: it publishes
-    no watermark (:func:`~.recover.recover`)."""
+    """An executor of ``computation`` on ``owner`` (not started); ``authority`` None: no watermarks."""
     return ComputationExecutor(spark, layout, computation, owner=owner, authority=authority, **options)
 
 
 def recovery_owner(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, writer: str,
                    computation: Computation) -> IntervalOwner:
-    """The interval owner :func:`~.recover.recover` takes ``computation``'s intervals with: leases
-    on ``client`` (ZooKeeper's open ACL) and the rows, both named ``writer``; no watermark
-    authority."""
+    """The interval owner :func:`~.recover.recover` uses: leases (open ACL) and rows named ``writer``,
+    no watermark authority."""
     return owner_of(RowStore(spark, layout, writer=writer), LeaseManager(client, pipeline=pipeline, owner=writer),
                     computation)
 
 
 def open_client(spark: Any, layout: StoreLayout, zk: ZkConfig) -> Any:
-    """A started kazoo client of ``zk``; an object store's commits are first given to this
-    ZooKeeper to arbitrate (its log store configured on ``spark``)."""
+    """A started kazoo client of ``zk``, arbitrating an object store's commits."""
     _arbitrate_commits(spark, layout, zk)
     return connect(zk)
 
 
 def _arbitrate_commits(spark: Any, layout: StoreLayout, zk: ZkConfig) -> None:
-    """An object store's commits: first given to ``zk`` to arbitrate (its log store configured on
-    ``spark``); a local store's need nothing."""
+    """An object store's commits: first given to ``zk`` to arbitrate (its log store on ``spark``)."""
     if not layout.is_local:
         from deltawheel.statestore.objectstore.logstore import configure_log_store
 
@@ -126,12 +112,11 @@ def _arbitrate_commits(spark: Any, layout: StoreLayout, zk: ZkConfig) -> None:
 
 
 def open_client_planned(spark: Any, layout: StoreLayout, zk: ZkConfig) -> tuple[Any, list[PlannedMigration]]:
-    """:func:`open_client`, and the store's pending migrations (``migrations.plan``: a read of its
-    ``_meta`` table) planned while ZooKeeper connects; give them to :func:`migrate_store`.
+    """:func:`open_client`, with the store's migrations planned while ZooKeeper connects (for
+    :func:`migrate_store`).
 
     Raises:
-        What connecting raises (e.g. ``ZooKeeperServerError``), else what planning raises (e.g.
-        ``SchemaTooNewError``; the client is closed then)."""
+        What connecting raises, else what planning raises (the client is closed then)."""
     import deltawheel.migrations as migrations
 
     _arbitrate_commits(spark, layout, zk)  # before the plan reads the store
@@ -150,9 +135,7 @@ def open_client_planned(spark: Any, layout: StoreLayout, zk: ZkConfig) -> tuple[
 
 def migrate_store(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, owner: str,
                   planned: list[PlannedMigration] | None = None) -> None:
-    """Create the store or run its pending migrations, one process at a time per pipeline (two
-    copies started at once must not migrate the same store concurrently). ``planned``: the
-    store's plan as :func:`open_client_planned` made it (None: planned here)."""
+    """Create or migrate the store, one process at a time; ``planned``: :func:`open_client_planned`'s."""
     import deltawheel.migrations as migrations
     from deltawheel.migrations.live import refuse_while_running
 
@@ -169,10 +152,8 @@ def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *,
                   instance: str | None = None,
                   held: Callable[[], Mapping[str, Mapping[int, int]]] | None = None,
                   ) -> InjectorHook:
-    """The ``on_batch_end`` hook of an executor fed by ``feeding``: after each micro-batch each
-    injector observes the batch's event-time range and its watermark is published (with
-    ``instance``, as that instance's estimate beside the intervals ``held()`` returns), in the
-    executor's watermark-step ZooKeeper transaction (:class:`.hooks.InjectorHook`).
+    """The ``on_batch_end`` hook publishing ``feeding``'s injector watermarks after each micro-batch
+    (:class:`.hooks.InjectorHook`).
 
     Raises:
         ConfigError: an injector estimates from its pending files (``watermark_percentile``) and no
@@ -187,11 +168,8 @@ def watermark_reader(client: Any, *, pipeline: str) -> WatermarkAuthority:
 
 def positions_recorder(computation: Computation, injectors: Mapping[str, Injector], *, layout: StoreLayout,
                        checkpoint: str, spark: Any = None) -> SharedInput | None:
-    """What makes each commit of ``computation`` record its batch's input positions (docs/replay.md),
-    set as the executor's ``positions``: Kafka injectors' offset ranges, Parquet injectors' and
-    stream tables' files. None, and nothing recorded, for inputs without positions (JSON Lines and
-    Delta-table injectors, several Parquet injectors) or a checkpoint on an object store the readers
-    cannot reach (not ``s3a://``, or no ``spark`` for its S3 settings: ``storefs.files_resolver``)."""
+    """The executor's ``positions``: what records each commit's input positions (docs/replay.md).
+    None for inputs without positions or a checkpoint the readers cannot reach."""
     from deltawheel.statestore.delta.storefs import files_resolver, supports
     from deltawheel.statestore.exceptions import ConfigError
 

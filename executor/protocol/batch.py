@@ -1,24 +1,10 @@
 """The per-batch protocol: :class:`BatchProtocol` runs DESIGN's seven steps on one micro-batch.
 
-The write path makes every write; steps 2-4 run in Spark tasks (``tasks/job.py``). The steps, as
-the body's ``# Step N`` comments number them:
-
-1. Check the leases of the owned intervals (a lost session stops the batch; while suspended, every
-   ZooKeeper call pauses, at most ``max_pause_s``).
-2. Drop duplicates: prepare the input in the JVM (keys, dead letters, the late flag against the
-   watermark the last committed batch acted on); the tasks dedup against the stored record ids and
-   (``LatePolicy.ROUTE``) route late records to the late-data table.
-3. Load the rows of the batch's keys and of keys with due timers or undelivered productions.
-4. Run user code in Spark tasks, per key (``keyrun.run_key``); materialize the output once.
-5. Commit all changed rows in one fenced Delta transaction, recording the watermarks acted on and
-   the injector watermarks step 7 publishes.
-6. Deliver the productions to their stream tables idempotently; the next commit clears the checkpoints.
-7. Publish the intervals' oldest work and advance the low watermark (in the background for a
-   streaming query's batch).
-
-Steps 3-5 rerun, at most :data:`STALE_VIEW_ATTEMPTS` times, while the write path's view of the rows
-is stale. Open deliveries hold the low watermark and are settled before the next commit. A crash
-anywhere followed by a restart gives the same rows and stream records as a run without it."""
+The body's ``# Step N`` comments number them: leases, dedup, load, user
+code (steps 2-4 in Spark tasks, ``tasks/job.py``), fenced commit, delivery, watermarks. Steps 3-5
+rerun, at most :data:`STALE_VIEW_ATTEMPTS` times, while the write path's view of the rows is stale;
+open deliveries hold the low watermark and are settled before the next commit. A crash anywhere
+followed by a restart gives the same rows and stream records as a run without it."""
 
 from __future__ import annotations
 
@@ -211,10 +197,9 @@ class BatchProtocol:
             ex.shared.recorded = frozenset().union(*sets.values())  # every interval's: the catch-up's pruned rule
 
     def catch_up_lateness(self) -> int:
-        """What a catch-up batch on intervals taken over judges lateness with: the oldest of the held
-        intervals' newest marks (an interval's records are late only behind what a batch of that
-        interval acted on; the newest mark of all may be another interval's, far ahead: a takeover's
-        backlog would be dropped as late). An interval never committed: nothing is late."""
+        """The lateness line of a catch-up batch on intervals taken over: the oldest of the held
+        intervals' newest marks (the newest of all may be another interval's, far ahead, and drop a
+        takeover's backlog as late). An interval never committed: nothing is late."""
         ex = self.ex
         held = set(ex.owner.intervals)
         per: dict[int, int | None] = {}

@@ -86,9 +86,7 @@ class ComputationExecutor:
         self.records_in_total = 0
         # one row of figures per committed batch in the store's _metrics/batches (None: off)
         self.metrics: BatchMetrics | None = BatchMetrics(spark, layout)
-        # set by the pipeline runner when instances share the intervals (``rescale.py``)
         self._shared = shared
-        # records each batch's input positions in its commit (replay; ``rescale.py``'s positions)
         self._positions = positions
         self._protocol = BatchProtocol(self)  # the seven steps of each batch (``batch.py``)
         self._started = False
@@ -227,10 +225,8 @@ class ComputationExecutor:
                          input_files=input_files, late_watermark_ms=late_watermark_ms)
 
     def catch_up(self, df: Any, batch_id: int, *, input_files: Sequence[str]) -> BatchReport:
-        """A catch-up batch of intervals taken over (``drivers/sharing.py``): lateness judged per
-        interval (:meth:`BatchProtocol.catch_up_lateness`), upstream computations' watermarks unknown
-        (their timers do not fire in it; an injector's do); the batches after it judge lateness as
-        before it."""
+        """A catch-up batch of intervals taken over: lateness judged per interval
+        (:meth:`BatchProtocol.catch_up_lateness`); upstream computations' timers do not fire in it."""
         protocol = self._protocol
         self.wait_started()
         before = protocol.acted
@@ -272,11 +268,9 @@ class ComputationExecutor:
         return self.run_batch(None, bid, input_watermark_ms=input_watermark_ms)
 
     def hold_input(self, hold_ms: int | None) -> None:
-        """Hold the low watermark at ``hold_ms`` for the input after the upstream watermarks the next
-        batch acts on (None: no upstream computation), from that batch's commit on. Until then the
-        hold stays at most the one before: the batch's own input, read and not committed yet, came
-        after the previous batch's upstream watermarks, and a publish during the batch (a delivery
-        settling) must not pass it."""
+        """Hold the low watermark at ``hold_ms`` from the next batch's commit on (None: no upstream
+        computation). Until then it stays at most the previous hold: a publish during the batch must
+        not pass its input, read and not committed yet."""
         before = 0 if self.input_hold_ms is None else self.input_hold_ms  # none yet: hold everything
         self.input_hold_ms = None if hold_ms is None else min(hold_ms, before)
         self.next_input_hold = (hold_ms,)

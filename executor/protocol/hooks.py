@@ -14,10 +14,8 @@ __all__ = ["InjectorHook"]
 
 
 class InjectorHook:
-    """The ``on_batch_end`` hook of an executor fed by ``feeding``.
-
-    ``checkpoint`` is needed by injectors estimating from pending files (else ConfigError);
-    ``instance`` and ``held``: the job instance sharing the intervals, and what it holds."""
+    """The ``on_batch_end`` hook of an executor fed by ``feeding``; ``checkpoint`` is needed by injectors
+    estimating from pending files (else ConfigError), ``instance`` and ``held`` when sharing intervals."""
 
     def __init__(self, authority: WatermarkAuthority, feeding: Sequence[Injector], *, checkpoint: str | None,
                  instance: str | None = None,

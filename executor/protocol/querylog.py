@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from typing import Iterator
 from urllib.parse import unquote, urlparse
 
 from deltawheel.statestore.delta.sourceoffsets import file_source_range
@@ -35,17 +36,11 @@ def source_log_files(checkpoint: str | TableFiles, *, source: int = 0,
     names = [(int(m.group(1)), n) for n in listed if (m := _COMPACT.match(n))]
     out: dict[int, list[str]] = {}
     for _, name in sorted(names):
-        for line in (logdir.read_text(name) or "").splitlines():
-            line = line.strip()
-            if not line.startswith("{"):
-                continue  # the version line ("v1")
-            entry = json.loads(line)
-            bid = int(entry["batchId"])
+        for bid, base in _log_entries(logdir.read_text(name) or ""):
             if bid in done or not committed_only:
-                out.setdefault(bid, [])
-                base = unquote(os.path.basename(urlparse(entry["path"]).path))
-                if base not in out[bid]:
-                    out[bid].append(base)
+                listed_of = out.setdefault(bid, [])
+                if base not in listed_of:
+                    listed_of.append(base)
     return out
 
 
@@ -56,16 +51,19 @@ def _files(checkpoint: str | TableFiles) -> TableFiles:
 def _entry_names(text: str, batch_id: int) -> list[str]:
     """The file names a file-source log file (``sources/<i>/<n>[.compact]``) lists for ``batch_id``."""
     out: list[str] = []
+    for bid, base in _log_entries(text):
+        if bid == batch_id and base not in out:
+            out.append(base)
+    return out
+
+
+def _log_entries(text: str) -> Iterator[tuple[int, str]]:
+    """(batch id, file name) of each entry of a file-source log file's ``text``."""
     for line in text.splitlines():
         line = line.strip()
-        if not line.startswith("{"):
-            continue  # the version line ("v1")
-        entry = json.loads(line)
-        if int(entry["batchId"]) == batch_id:
-            base = unquote(os.path.basename(urlparse(entry["path"]).path))
-            if base not in out:
-                out.append(base)
-    return out
+        if line.startswith("{"):  # not the version line ("v1")
+            entry = json.loads(line)
+            yield int(entry["batchId"]), unquote(os.path.basename(urlparse(entry["path"]).path))
 
 
 def source_batch_files(checkpoint: TableFiles, batch_id: int, *, source: int = 0) -> list[str] | None:

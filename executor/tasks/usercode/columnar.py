@@ -39,7 +39,6 @@ def takes_columnar(comp: Computation, inp: Input) -> bool:
 def key_loop(comp: Computation, inp: Input, sub: Any, *, wm: int | None, wm_late: int | None, now_ms: int,
              strong: bool) -> "KeyLoop | ColumnarLoop":
     """The loop for an interval's keys: columnar where :func:`takes_columnar`, else the key loop.
-
     ``sub``: the touched keys' rows; ``wm``: the timers' watermark, ``wm_late``: the records'."""
     if takes_columnar(comp, inp):
         return ColumnarLoop(comp, sub, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong)
@@ -255,8 +254,7 @@ class ColumnarLoop:
         first_ev = np.zeros(n, dtype=np.int64)
         has_timer = n_timers > 0
         first_ev[has_timer] = tm.column("time_ms").to_numpy()[offsets[:-1][has_timer]]
-        # timer firing numbers: an old row's counter; a new key's seeded from its first record's id
-        # (its name if it has none)
+        # timer firing numbers: an old row's counter; a new key's seeded from its first record's id or name
         seqs = np.zeros(n, dtype=np.int64)
         if mine.num_rows:
             old_seq = pc.fill_null(mine.column("timer_seq"), 0).to_numpy()

@@ -62,9 +62,8 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
             input_watermark_ms: int | None, now_ms: int, dedup_horizon_ms: int | None = None,
             fire_timers: bool = True, presorted: bool = False, keep_ids: bool = True,
             strong: bool | None = None, record_watermark_ms: int | None | SameAsInput = AS_INPUT) -> KeyOutcome:
-    """Run ``comp``'s user code for ``key`` over ``records`` and its due timers.
-
-    ``presorted``: already in (event time, record id) order; ``keep_ids``: False only reports new ids;
+    """Run ``comp``'s user code for ``key`` over ``records`` and its due timers. ``presorted``:
+    already in (event time, record id) order; ``keep_ids``: False only reports new ids;
     ``strong``: checkpoint the productions in the row (default: ``comp.strong_productions``)."""
     codec = codec_of(comp)
     ctx = Context(computation=comp.name, key=key, state_bytes=row.state if row else None, codec=codec,
@@ -77,7 +76,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     exactly_once = comp.exactly_once
     horizon = _NEVER if dedup_horizon_ms is None else dedup_horizon_ms
     seen = {s.record_id for s in row.record_ids if s.seen_ms >= horizon} if (row and exactly_once) else set()
-    ran = run_user_code(comp, ctx, records if presorted else sorted(records, key=_order),
+    ran = run_user_code(comp, ctx, records if presorted else sorted(records, key=_ORDER),
                         seen=seen if exactly_once else None, input_watermark_ms=input_watermark_ms,
                         now_ms=now_ms, fire_timers=fire_timers, record_watermark_ms=record_watermark_ms)
     fresh, dups, late, dead, fired = ran
@@ -273,19 +272,8 @@ class UserCode:
     def _dead_key(self, ctx: Context, records: Sequence[Record], seen: set[str] | None,
                   err: str) -> tuple[list[str], int, int, list[tuple[Record, str]], int]:
         """The key's state cannot be read: its new records are dead letters with ``err``."""
-        fresh: list[str] = []
-        dead: list[tuple[Record, str]] = []
-        dups = late = 0
-        for r in records:
-            if seen is not None:
-                if r.record_id in seen:
-                    dups += 1
-                    continue
-                seen.add(r.record_id)
-            fresh.append(r.record_id)
-            late += r.late
-            dead.append((r, err))
-        return fresh, dups, late, dead, 0
+        todo, dups = _unseen(records, seen)
+        return list(map(_RECORD_ID, todo)), dups, sum(map(_LATE, todo)), [(r, err) for r in todo], 0
 
     def _run_each(self, ctx: Context, records: Sequence[Record],
                   seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
@@ -294,14 +282,10 @@ class UserCode:
         process = comp.process_record
         fresh: list[str] = []
         dead: list[tuple[Record, str]] = []
-        dups = late = 0
-        for r in records:
+        late = 0
+        todo, dups = _unseen(records, seen)
+        for r in todo:
             rid = r.record_id
-            if seen is not None:
-                if rid in seen:
-                    dups += 1
-                    continue
-                seen.add(rid)
             fresh.append(rid)
             if r.late:
                 late += 1
@@ -321,12 +305,7 @@ class UserCode:
                       rows: list[tuple[Any, ...]] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
         """The vectorised path: one ``process_combined`` call with the key's ``rows`` (None: combine here)."""
         comp = self.comp
-        dups = 0
-        todo: Sequence[Record]
-        if seen is None:
-            todo = records
-        else:
-            todo, dups = _unseen(records, seen)
+        todo, dups = _unseen(records, seen)
         if not todo:
             return [], dups, 0, []
         per_record = self._run_batch if self.batch else self._run_each
@@ -359,13 +338,10 @@ class UserCode:
                    seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
         """``process_records``: one call with the key's new records (none: no call)."""
         comp = self.comp
-        dups = 0
-        if seen is None:
-            todo = records if isinstance(records, list) else list(records)
-        else:
-            todo, dups = _unseen(records, seen)
-        if not todo:
+        unseen, dups = _unseen(records, seen)
+        if not unseen:
             return [], dups, 0, []
+        todo = unseen if isinstance(unseen, list) else list(unseen)
         first, last = todo[0], todo[-1]
         # taken before the call: user code may change its list
         fresh = list(map(_RECORD_ID, todo))
@@ -390,6 +366,7 @@ class UserCode:
 
 _RECORD_ID = attrgetter("record_id")
 _LATE = attrgetter("late")
+_ORDER = attrgetter("timestamp_ms", "record_id")  # a key's records in event-time order
 _CODECS: dict[tuple[str, bool], Codec] = {}
 _TTLS: dict[type, tuple[int | None, int | None]] = {}  # computation class -> its state TTLs (ms)
 _NEVER = -(2**63)  # no input low watermark yet: no event-time timer is due
@@ -423,12 +400,10 @@ def first_timer_seqs(record_ids: Sequence[str]) -> Any:
     return ((d[:, 0] << 32) | (d[:, 1] << 24) | (d[:, 2] << 16) | (d[:, 3] << 8) | d[:, 4]) << 23
 
 
-def _order(r: Record) -> tuple[int, str]:
-    return (r.timestamp_ms, r.record_id)
-
-
-def _unseen(records: Sequence[Record], seen: set[str]) -> tuple[list[Record], int]:
-    """The records whose ids ``seen`` lacks (added as they pass), and how many were duplicates."""
+def _unseen(records: Sequence[Record], seen: set[str] | None) -> tuple[Sequence[Record], int]:
+    """The records whose ids ``seen`` lacks (added as they pass; None: all), and how many were duplicates."""
+    if seen is None:
+        return records, 0
     todo: list[Record] = []
     dups = 0
     for r in records:

@@ -92,8 +92,8 @@ ZNODE_DAMAGED_HINT = ("; the znode was written by something other than deltawhee
             "docs/coordinator-recovery.md ('Lost ZooKeeper data')")
 
 
-def decode_lease(data: bytes) -> dict[str, Any]:
-    """The JSON object of an owner znode (any format version, pending or granted).
+def decode_lease(data: bytes, what: str = "lease") -> dict[str, Any]:
+    """The JSON object of an owner znode (any format version, pending or granted), or of ``what``'s.
 
     Raises:
         CodecError: not a JSON object.
@@ -101,9 +101,9 @@ def decode_lease(data: bytes) -> dict[str, Any]:
     try:
         raw = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise CodecError(f"lease payload is not JSON: {data[:80]!r}{ZNODE_DAMAGED_HINT}") from exc
+        raise CodecError(f"{what} payload is not JSON: {data[:80]!r}{ZNODE_DAMAGED_HINT}") from exc
     if not isinstance(raw, dict):
-        raise CodecError(f"lease payload is not a JSON object: {data[:80]!r}{ZNODE_DAMAGED_HINT}")
+        raise CodecError(f"{what} payload is not a JSON object: {data[:80]!r}{ZNODE_DAMAGED_HINT}")
     return raw
 
 

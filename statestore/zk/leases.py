@@ -24,7 +24,7 @@ from ..layout import validate_name
 from .client import zk_errors
 from .grants import HeldGrant, LeaseGrant, decode_lease, interval_path, prune_grants, take_interval
 from .layout import ensure_zk_layout
-from .refusal import DEFAULT_MAX_PAUSE_S, check_refused
+from .refusal import DEFAULT_MAX_PAUSE_S, check_refused, session_timeout_s
 
 __all__ = ["LeaseManager"]
 
@@ -390,8 +390,3 @@ def _taken_over(data: bytes, ours: int, instance: str | None) -> str:
                else f" (its grant in progress, ours sequencer {ours})")
             + ("; a newer process with this instance's name took it: a restart, or two processes started with "
                "one instance name" if same else ""))
-
-
-def session_timeout_s(client: KazooClient) -> float:
-    """The session timeout ``client`` asked for, in seconds (kazoo keeps it in ms)."""
-    return float(getattr(client, "_session_timeout", 10_000)) / 1000.0

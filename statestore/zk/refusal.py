@@ -17,7 +17,7 @@ from kazoo.client import KazooClient, KazooState
 
 from ..exceptions import CoordinatorStateLostError
 
-__all__ = ["DEFAULT_MAX_PAUSE_S", "PROBE_MARGIN_S", "PROBE_EVERY_S", "check_refused", "hosts_of"]
+__all__ = ["DEFAULT_MAX_PAUSE_S", "PROBE_MARGIN_S", "PROBE_EVERY_S", "check_refused", "hosts_of", "session_timeout_s"]
 
 log = logging.getLogger(__name__)
 _PROBE_LOG = logging.getLogger(f"{__name__}.probe")
@@ -53,7 +53,8 @@ def hosts_of(client: KazooClient) -> str:
     return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in client.hosts)
 
 
-def _session_timeout_s(client: KazooClient) -> float:
+def session_timeout_s(client: KazooClient) -> float:
+    """The session timeout ``client`` asked for, in seconds (kazoo keeps it in ms)."""
     return float(getattr(client, "_session_timeout", 10_000)) / 1000.0
 
 
@@ -91,7 +92,7 @@ def check_refused(client: KazooClient, *, paused_s: float, what: str, pipeline: 
             return
         lost = state.lost
         now = time.monotonic()
-        due = now >= state.next_at and (final or paused_s >= _session_timeout_s(client) + PROBE_MARGIN_S)
+        due = now >= state.next_at and (final or paused_s >= session_timeout_s(client) + PROBE_MARGIN_S)
         if lost is None and due:
             state.next_at = now + PROBE_EVERY_S
     if lost is None and due:

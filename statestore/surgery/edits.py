@@ -11,7 +11,8 @@ from ..codecs import get_codec
 from ..exceptions import BadRecordError, CodecError, RepairStatementError
 from ..rowtable.rows import KeyRow, interval_of, validate_key
 
-__all__ = ["Edit", "Edits", "encode_state", "set_state", "new_key_row", "check_new_key", "run_sql", "check_computation"]
+__all__ = ["Edit", "Edits", "encode_state", "set_state", "new_key_row", "check_new_key", "run_sql",
+           "check_computation"]
 
 #: a key's row now (None: no row) -> its row after (None: no row)
 Edit = Callable[[KeyRow | None], KeyRow | None]

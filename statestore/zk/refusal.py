@@ -17,7 +17,8 @@ from kazoo.client import KazooClient, KazooState
 
 from ..exceptions import CoordinatorStateLostError
 
-__all__ = ["DEFAULT_MAX_PAUSE_S", "PROBE_MARGIN_S", "PROBE_EVERY_S", "check_refused", "hosts_of", "session_timeout_s"]
+__all__ = ["DEFAULT_MAX_PAUSE_S", "PROBE_MARGIN_S", "PROBE_EVERY_S", "check_refused", "hosts_of",
+           "session_timeout_s"]
 
 log = logging.getLogger(__name__)
 _PROBE_LOG = logging.getLogger(f"{__name__}.probe")

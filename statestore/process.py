@@ -64,9 +64,8 @@ def find_java() -> str:
         return os.path.join(home, "bin", "java")
     found = shutil.which("java")
     if found is None:
-        raise ZooKeeperServerError(
-            "java not found (looked in $JAVA_HOME/bin and PATH): install Java 17+ or set JAVA_HOME"
-        )
+        raise ZooKeeperServerError("java not found (looked in $JAVA_HOME/bin and PATH): install Java 17+ or "
+                                   "set JAVA_HOME")
     return found
 
 

@@ -249,8 +249,7 @@ def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = Fals
                    as_of: AsOf | None = None) -> list[str]:
     """Register every view of the store and ``dw_decode``; a missing table gets none (side tables: empty).
 
-    Returns:
-        The names of the views registered, built-in ones first, then streams.
+    Returns the names of the views registered, built-in ones first, then streams.
 
     Raises:
         ConfigError: a stream table is named like a built-in view.

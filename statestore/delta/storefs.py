@@ -58,10 +58,8 @@ class S3Settings:
 
 def local_path(path: str) -> str | None:
     """The folder of a local table (a plain path or a ``file:`` URI); None for a remote one."""
-    if path.startswith("file://"):
-        return path[len("file://"):]
     if path.startswith("file:"):
-        return path[len("file:"):]
+        return path.removeprefix("file:").removeprefix("//")
     head = path.split("/", 1)[0]
     return None if ":" in head else path
 

@@ -15,13 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from ...delta.log import commit_infos
 from ...delta.storefs import TableFiles, table_files
-from ...delta.txn import (
-    FileEntry,
-    StaleFilesError,
-    TableLog,
-    decode_path,
-    new_add,
-)
+from ...delta.txn import FileEntry, StaleFilesError, TableLog, decode_path, new_add
 from ...exceptions import CommitConflictError, StaleSequencerError
 from ...layout import StoreLayout
 from ...ownership.owner import IntervalOwner
@@ -30,11 +24,7 @@ from ...rowtable.frames import arrow_schema
 from ...rowtable.store import COMMIT_META_VERSION, raise_if_fenced
 from .. import Recovered, StaleViewError, WritePath
 from ..delivery import deliver_productions
-from ..streams import (
-    STREAM_FORMAT_VERSION,
-    ensure_stream_table,
-    stream_schema_ddl,
-)
+from ..streams import STREAM_FORMAT_VERSION, ensure_stream_table, stream_schema_ddl
 from .beside import Beside
 from .files import is_ids_path, write_production_files
 from .fold import fold_intervals

@@ -137,24 +137,23 @@ class _Table:
         """The row indexes of ``add``'s file its deletion vector marks deleted (none without one)."""
         path = str(add["path"])
         dv = add.get("deletionVector")
-        gone: frozenset[int] = frozenset()
-        if dv:
-            dv_id = json.dumps(dv, sort_keys=True)
-            got = self._dvs.get((path, dv_id))
-            if got is None:
-                try:
-                    got = self._dvs[(path, dv_id)] = deleted_rows(self.files, dv)
-                except StoreDamagedError as exc:
-                    if dv.get("storageType") != "u" or not isinstance(exc.__cause__, FileNotFoundError):
-                        raise
-                    # a later commit's cumulative vector replaced this file, and VACUUM removed it
-                    raise VersionNotFoundError(
-                        f"the deletion vector file of {path} in an old version of {self.files.root} is gone "
-                        "(vacuumed: deltawheel gc --vacuum-retain-hours): the versions before the vacuum can no "
-                        "longer be read. Read the history of a store whose old files are kept, or raise the "
-                        "retention before the next gc") from None
-            gone = got
-        return gone
+        if not dv:
+            return frozenset()
+        dv_id = json.dumps(dv, sort_keys=True)
+        got = self._dvs.get((path, dv_id))
+        if got is None:
+            try:
+                got = self._dvs[(path, dv_id)] = deleted_rows(self.files, dv)
+            except StoreDamagedError as exc:
+                if dv.get("storageType") != "u" or not isinstance(exc.__cause__, FileNotFoundError):
+                    raise
+                # a later commit's cumulative vector replaced this file, and VACUUM removed it
+                raise VersionNotFoundError(
+                    f"the deletion vector file of {path} in an old version of {self.files.root} is gone "
+                    "(vacuumed: deltawheel gc --vacuum-retain-hours): the versions before the vacuum can no "
+                    "longer be read. Read the history of a store whose old files are kept, or raise the "
+                    "retention before the next gc") from None
+        return got
 
     def forget(self, live: set[str]) -> None:
         """Drop what was read of files no longer live (a history of every key reads them all)."""

@@ -16,10 +16,8 @@ from ..inspection.auditgap import AUDIT_FORMAT_VERSION, missing_audit_rows
 from ..layout import StoreLayout
 from ..tabledefs import AUDIT_COLUMNS
 
-__all__ = ["AUDIT_DDL", "AUDIT_FORMAT_VERSION", "AuditRecord", "append_audit", "read_audit", "who",
-           "commit_meta", "recover_audit"]
-
-AUDIT_DDL = AUDIT_COLUMNS
+__all__ = ["AUDIT_FORMAT_VERSION", "AuditRecord", "append_audit", "read_audit", "who", "commit_meta",
+           "recover_audit"]
 
 
 def who() -> str:
@@ -79,7 +77,7 @@ class AuditRecord:
 
 def append_audit(spark: Any, layout: StoreLayout, record: AuditRecord) -> None:
     """Append ``record`` to the store's audit table (created by the first append)."""
-    df = spark.createDataFrame([record.to_row()], AUDIT_DDL)
+    df = spark.createDataFrame([record.to_row()], AUDIT_COLUMNS)
     df.write.format("delta").mode("append").save(layout.audit)
 
 
@@ -97,7 +95,7 @@ def recover_audit(spark: Any, layout: StoreLayout, rows: Sequence[Mapping[str, A
     rows = missing_audit_rows(spark, layout) if rows is None else list(rows)
     if not rows:
         return []
-    df = spark.createDataFrame(rows, AUDIT_DDL)
+    df = spark.createDataFrame(rows, AUDIT_COLUMNS)
     if not DeltaTable.isDeltaTable(spark, layout.audit):
         df.write.format("delta").mode("append").save(layout.audit)
     else:

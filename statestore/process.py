@@ -2,8 +2,7 @@
 
 Each runs in its own session and process group (it outlives its starter; stopping takes its
 children), known by a pid file and a log file. With ``DELTAWHEEL_SERVERS_DIE_WITH=<pid>``, a
-watchdog stops every service started under it once that pid is gone.
-"""
+watchdog stops every service started under it once that pid is gone."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The live files of a Delta table, read from its log without Spark.
 
 Replays the newest complete checkpoint and the JSON commits after it; anything it does not fully
-understand returns ``None`` and the caller goes to Delta. docs/architecture-deltalog.md.
-"""
+understand returns ``None`` and the caller goes to Delta. docs/architecture-deltalog.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Read-only: the difference between one computation's state in two stores, and its productions.
 
 Key by key (state, timers, pending productions; not record ids), and productions matched by
-(stream, key, event time); in Spark, only counts and samples reach the driver. docs/replay.md.
-"""
+(stream, key, event time); in Spark, only counts and samples reach the driver. docs/replay.md."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ class StoreDiff:
     """The difference of one computation between store A and store B.
 
     ``counts``: kind (``added``, ``timers``, ``productions_only_a``, ...) -> keys or productions;
-    ``samples``: kind -> up to :data:`SAMPLE` decoded examples; ``notes``: what explains a difference.
-    """
+    ``samples``: kind -> up to :data:`SAMPLE` decoded examples; ``notes``: what explains a difference."""
 
     computation: str
     store_a: str

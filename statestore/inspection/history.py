@@ -2,8 +2,7 @@
 
 Commits are walked oldest first; a moved row is read whole only when its stamp columns changed.
 History starts at version 0 or the oldest checkpoint every later commit follows, and needs old
-versions' data files (not vacuumed). docs/history.md, "How history is read".
-"""
+versions' data files (not vacuumed). docs/history.md, "How history is read"."""
 
 from __future__ import annotations
 

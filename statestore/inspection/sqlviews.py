@@ -1,8 +1,7 @@
 """SQL over a store: decoded temporary views, query formatting, one-key inspection.
 
 Every query is first checked to only read (:mod:`.readonly`); the views: ``views.py`` and
-docs/tables.md, "Views".
-"""
+docs/tables.md, "Views"."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The store's decoded temporary views, each defined on a session when a statement first needs it.
 
 Only the views a statement names are defined, so the costly ones (``audit``, ``state_history``)
-cost only when used. Views are SQL text: each query reads the tables' latest Delta version.
-"""
+cost only when used. Views are SQL text: each query reads the tables' latest Delta version."""
 
 from __future__ import annotations
 

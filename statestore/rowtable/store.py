@@ -8,8 +8,7 @@ Commit protocol (one call of :meth:`RowStore.commit`):
 4. Run the fenced MERGE with the commit metadata as ``userMetadata``: in Python over the files
    where they are reachable (``filecommit.py``), else Delta's MERGE.
 5. Map failures: a stale sequencer raises :class:`StaleSequencerError`; a conflict is retried
-   up to ``conflict_retries``, then raises :class:`CommitConflictError`.
-"""
+   up to ``conflict_retries``, then raises :class:`CommitConflictError`."""
 
 from __future__ import annotations
 
@@ -230,8 +229,7 @@ class RowStore:
 
         Raises :class:`StaleSequencerError` if a fence carries a greater sequencer. Where Python
         writes the files, a quick *claim* commit goes first, so an old owner in a tight loop cannot
-        win every race; ``claim_only``: stop after it; ``check=False``: the caller checks.
-        """
+        win every race; ``claim_only``: stop after it; ``check=False``: the caller checks."""
         validate_name("computation", computation)
         files = table_files(self._spark, self.layout.rows) if sequencers else None
         if sequencers and files is not None:

@@ -1,8 +1,7 @@
 """The audit table ``<store>/_audit``: one row per change a tool made to a live computation's rows.
 
 A row is appended after the tool's rows commit, which carries the same ``audit_id`` and record, so
-:func:`recover_audit` (run by every tool and ``gc --apply``) can append a dead tool's missing row.
-"""
+:func:`recover_audit` (run by every tool and ``gc --apply``) can append a dead tool's missing row."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ leases it touches (docs/operations.md, "Repair").
 - ``MERGE INTO state USING <source> ...`` (``merge.py``); timers and pending productions (``sideviews.py``).
 
 The statement is evaluated twice: once to find the leases to take (every refusal before the
-pipeline is asked), then under them (``replace.py``).
-"""
+pipeline is asked), then under them (``replace.py``)."""
 
 from __future__ import annotations
 
@@ -131,8 +130,7 @@ def _held_views(spark: Any, layout: StoreLayout, stmt: RepairStatement, *, compu
 def _codec_of(spark: Any, computation: str, given: str | None) -> Callable[[], str]:
     """The codec column of a key a MERGE inserts: ``given``, else the newest state version's most common.
 
-    The callable raises RepairStatementError: no ``given`` and no row, or ``given`` unknown or pickle.
-    """
+    The callable raises RepairStatementError: no ``given`` and no row, or ``given`` unknown or pickle."""
     def codec() -> str:
         if given is not None:
             if base_name(given) == "pickle":

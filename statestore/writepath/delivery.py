@@ -1,8 +1,7 @@
 """Idempotent writes of productions, dead letters and late records.
 
 Delivery is an insert-only Delta MERGE keyed by record id: a repeated delivery adds no row, and a
-conflicting concurrent one is retried and inserts only what is missing.
-"""
+conflicting concurrent one is retried and inserts only what is missing."""
 
 from __future__ import annotations
 

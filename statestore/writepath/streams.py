@@ -1,8 +1,7 @@
 """Stream tables: one Delta table of delivered records per stream, ``<root>/streams/<name>``.
 
 Consumers read it with Delta's streaming source; producers append idempotently (``delivery.py``).
-Names become SQL view names (``clicks``, ``clicks_decoded``): :func:`check_stream_name`.
-"""
+Names become SQL view names (``clicks``, ``clicks_decoded``): :func:`check_stream_name`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Connecting to ZooKeeper: a started :class:`KazooClient` with chroot and digest auth.
 
-kazoo reconnects on its own (SUSPENDED, then CONNECTED; a new session after LOST).
-"""
+kazoo reconnects on its own (SUSPENDED, then CONNECTED; a new session after LOST)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,7 @@ Znodes ``intervals/{I}/owner`` (EPHEMERAL) and ``grants/g-N`` (docs/operations.m
 2. One transaction ``check(grant node, version=0)`` + ``set(owner, grant, version=0)`` writes the
    sequencer; the grant is believed only if it succeeds *and* ephemeralOwner is our session.
 
-A restart of the same instance replaces its granted owner znode in phase 1 (docs/fencing.md).
-"""
+A restart of the same instance replaces its granted owner znode in phase 1 (docs/fencing.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The ZooKeeper layout version: a ``/layout`` znode below the chroot.
 
 ZooKeeper SUSPENDED / LOST: single kazoo calls, neither paused nor retried; a repeat finishes
-what a cut-off call began. A newer layout is refused, never rewritten.
-"""
+what a cut-off call began. A newer layout is refused, never rewritten."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 While SUSPENDED the leases are *in doubt*: :meth:`LeaseManager.check_valid` raises
 :class:`LeaseSuspendedError` until every lease is re-verified after the reconnect. When the session
 is LOST every lease is dropped, ``on_lost(grants, reason)`` is called from a separate thread, and
-they raise :class:`LeaseLostError`. docs/coordinator-recovery.md; the grant protocol: ``grants.py``.
-"""
+they raise :class:`LeaseLostError`. docs/coordinator-recovery.md; the grant protocol: ``grants.py``."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ class LeaseManager:
 
     ``owner``: shown to others (e.g. ``host:pid``); ``instance``: the name kept across restarts,
     whose earlier process's leases are taken over at once (``grants.py``); ``on_lost(grants,
-    reason)``: called when leases are lost; ``max_pause_s``: the bound of :meth:`await_valid`.
-    """
+    reason)``: called when leases are lost; ``max_pause_s``: the bound of :meth:`await_valid`."""
 
     def __init__(
         self, client: KazooClient, *, pipeline: str, owner: str, clock: Clock = _SYSTEM_CLOCK,

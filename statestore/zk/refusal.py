@@ -2,8 +2,7 @@
 
 ZooKeeper SUSPENDED / LOST: this acts only while a client is SUSPENDED. A server that lost its data
 refuses a session that has seen a newer zxid and kazoo just stays SUSPENDED; :func:`check_refused`
-then probes with a new session and compares the ensemble's last zxid with the client's.
-"""
+then probes with a new session and compares the ensemble's last zxid with the client's."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 The tasks (``executor/tasks/image/``) write new images and productions as Parquet (:mod:`.files`);
 a strong delivery is one append per stream that Delta skips when repeated. Why: docs/performance.md,
-"Write path: interval images".
-"""
+"Write path: interval images"."""
 
 from __future__ import annotations
 

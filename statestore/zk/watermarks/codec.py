@@ -3,8 +3,7 @@
 ZooKeeper SUSPENDED / LOST: only :func:`read_injector_watermark` calls ZooKeeper, a single read
 that is neither paused nor retried. A payload of a newer format is refused. An injector's
 watermark, an instance's estimate and a published low watermark never move back; oldest work
-may. A payload of a newer sequencer is never overwritten (:class:`StaleSequencerError`).
-"""
+may. A payload of a newer sequencer is never overwritten (:class:`StaleSequencerError`)."""
 
 from __future__ import annotations
 

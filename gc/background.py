@@ -52,12 +52,7 @@ def parse_every(every: str | int) -> tuple[int | None, float | None]:
     Raises:
         ConfigError: anything else (zero, negative, another unit); nothing started.
     """
-    if isinstance(every, int) and not isinstance(every, bool):
-        text = str(every)
-    elif isinstance(every, str):
-        text = every
-    else:
-        text = repr(every)
+    text = every if isinstance(every, str) else repr(every)
     if text.strip().isdigit() and int(text) > 0:
         return int(text), None
     m = _DURATION.match(text)

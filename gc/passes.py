@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from deltawheel.statestore.layout import StoreLayout
@@ -170,8 +171,8 @@ class _Run:
         for name, path in self.tables:
             self.step(f"{'compacting' if self.apply else 'counting the files of'} {name}")
             files = self.spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["numFiles"]
-            if self.apply:
-                _optimize(self.spark, path)
+            if self.apply:  # again when a concurrent commit made Delta refuse it
+                on_conflict_again(partial(self.spark.sql, f"OPTIMIZE delta.`{path}`"))
             self.actions.append(GcAction("compact", name, f"{files} files before OPTIMIZE", int(files)))
         for name, path in self.tables:
             self.step(f"checking the recorded paths of {name}")
@@ -323,11 +324,6 @@ def _rerecord_paths(spark: Any, path: str, *, apply: bool) -> int:
             adds.append(json.dumps({"add": add}))
         log.commit(remove=odd, add=adds, user_metadata=json.dumps({"deltawheel": 1, "kind": "gc_paths"}))
     return len(odd)
-
-
-def _optimize(spark: Any, path: str) -> None:
-    """``OPTIMIZE`` the table, again when a concurrent commit made Delta refuse it."""
-    on_conflict_again(lambda: spark.sql(f"OPTIMIZE delta.`{path}`"))
 
 
 def _utc(ms: int) -> str:

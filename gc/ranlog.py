@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deltawheel.statestore.delta.log import damaged_entry, json_commit_versions, log_files
+from deltawheel.statestore.delta.log import commit_info_in, json_commit_versions, log_files
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.inputfiles import ran_of
 
@@ -139,19 +139,9 @@ def _read(rows: str, *, after: int, ran: Ran, fingerprint: str | None = None, re
             continue
         read += 1
         upto, fingerprint = v, commit_fingerprint(text)
-        _fold(out, _commit_info(text, log.path(name)))
+        _fold(out, commit_info_in(log.path(name), text.splitlines()))
     return RanLog({c: {iv: frozenset(fs) for iv, fs in per.items()} for c, per in out.items()}, upto, fingerprint,
                   read)
-
-
-def _commit_info(text: str, file: str) -> dict[str, Any] | None:
-    for line in text.splitlines():
-        if '"commitInfo"' in line:
-            try:
-                return dict(json.loads(line)["commitInfo"])
-            except ValueError as exc:
-                raise damaged_entry(file, exc) from exc
-    return None
 
 
 def _fold(out: dict[str, dict[int, set[str]]], info: Mapping[str, Any] | None) -> None:

@@ -124,13 +124,10 @@ def plan(spark: Any, layout: StoreLayout) -> list[PlannedMigration]:
 
 def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True,
           on_step: Callable[[PlannedMigration, int], None] | None = None) -> list[PlannedMigration]:
-    """Run the pending migrations in order; with ``dry_run`` (the default) only return them.
+    """Run the pending migrations in order and return them; ``dry_run`` (the default) only returns them.
 
-    Each migration is recorded right after it succeeds, so a run that dies half way resumes at the
-    first unrecorded one. ``on_step(step, total)`` is called before each migration runs.
-
-    Returns:
-        The migrations that ran (or, with ``dry_run``, would run).
+    Each is recorded right after it succeeds, so a run that dies half way resumes at the first
+    unrecorded one. ``on_step(step, total)`` is called before each migration runs.
 
     Raises:
         SchemaTooNewError: the store was migrated by a newer deltawheel.
@@ -149,10 +146,9 @@ def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True,
             raise MigrationError(f"migration {step.version} ({step.name}) failed on {layout.root}: {exc} "
                                  "(the migration resumes at this step)") from exc
         except Exception as exc:
-            raise MigrationError(
-                f"migration {step.version} ({step.name}) failed on {layout.root}: {exc}. "
-                "Fix the cause and re-run 'deltawheel migrate --apply'; it resumes at this step"
-            ) from exc
+            raise MigrationError(f"migration {step.version} ({step.name}) failed on {layout.root}: {exc}. "
+                                 "Fix the cause and re-run 'deltawheel migrate --apply'; it resumes at "
+                                 "this step") from exc
         _record(spark, layout, step)
     return pending
 
@@ -160,13 +156,10 @@ def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True,
 def apply_when_pending(spark: Any, layout: StoreLayout, lock: Callable[[], ContextManager[Any]], *,
                        check: Callable[[list[PlannedMigration]], None] | None = None,
                        planned: list[PlannedMigration] | None = None) -> list[PlannedMigration]:
-    """:func:`apply` under ``lock()``, taken only when :func:`plan` finds something to run.
+    """:func:`apply` under ``lock()``, taken only when :func:`plan` finds something; returns what ran.
 
     The plan is made again under the lock; ``check(pending)`` may raise there to refuse
     (:func:`.live.refuse_while_running`). ``planned``: a fresh plan to use instead of planning here.
-
-    Returns:
-        The migrations that ran.
 
     Raises:
         As :func:`apply`, and what ``check`` raises (nothing changed).
@@ -188,17 +181,13 @@ def _record(spark: Any, layout: StoreLayout, step: PlannedMigration) -> None:
 
 def _check_not_too_new(layout: StoreLayout, version: int) -> None:
     if version > CODE_SCHEMA_VERSION:
-        raise SchemaTooNewError(
-            f"store {layout.root} has schema version {version}, but this deltawheel only knows "
-            f"versions up to {CODE_SCHEMA_VERSION}; upgrade deltawheel to use this store"
-        )
+        raise SchemaTooNewError(f"store {layout.root} has schema version {version}, but this deltawheel "
+                                f"only knows versions up to {CODE_SCHEMA_VERSION}; upgrade deltawheel to use "
+                                "this store")
 
 
 def check_store(spark: Any, layout: StoreLayout) -> int:
-    """Check that ``layout`` is a store at exactly this code's schema version.
-
-    Returns:
-        The store's schema version (== :data:`CODE_SCHEMA_VERSION`).
+    """Check that ``layout`` is a store at exactly :data:`CODE_SCHEMA_VERSION` and return that version.
 
     Raises:
         NotAStoreError: ``layout.meta`` is not a Delta table.
@@ -208,17 +197,13 @@ def check_store(spark: Any, layout: StoreLayout) -> int:
     """
     probe_store(spark, layout)
     if not _is_delta_table(spark, layout.meta):
-        raise NotAStoreError(
-            f"{layout.root} is not a deltawheel store: {layout.meta} is not a Delta table. "
-            f"Create or upgrade it with 'deltawheel migrate --store {layout.root} --apply'"
-        )
+        raise NotAStoreError(f"{layout.root} is not a deltawheel store: {layout.meta} is not a Delta table. "
+                             f"Create or upgrade it with 'deltawheel migrate --store {layout.root} --apply'")
     version = applied_version(spark, layout)
     _check_not_too_new(layout, version)
     if version < CODE_SCHEMA_VERSION:
-        raise MigrationError(
-            f"store {layout.root} has schema version {version}, this deltawheel needs "
-            f"{CODE_SCHEMA_VERSION}; run 'deltawheel migrate --store {layout.root} --apply'"
-        )
+        raise MigrationError(f"store {layout.root} has schema version {version}, this deltawheel needs "
+                             f"{CODE_SCHEMA_VERSION}; run 'deltawheel migrate --store {layout.root} --apply'")
     return version
 
 

@@ -5,5 +5,4 @@ sibling sub-package, or anything outside statestore (``tests/test_layering.py``)
 up: the modules in ``statestore/``; ``delta/``, ``zk/``; ``rowtable/``, ``objectstore/``;
 ``ownership/``; ``writepath/``; ``inspection/``; ``surgery/``; ``session/`` (docs/architecture.md).
 A tool that only reads belongs in ``inspection/``; one that writes goes through ``ownership/``
-and ``writepath/``.
-"""
+and ``writepath/``."""

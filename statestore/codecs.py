@@ -233,7 +233,8 @@ def int64map_blobs(rows: Any, keys: Any, values: Any, n: int) -> Any:
 def msgpack_rows(*columns: Any) -> Any:
     """Row i of ``columns`` as one msgpack array, byte for byte what the msgpack codec gives that list.
 
-    No Python call per row (docs/embedding.md, "The columnar path"); floats as float64, nulls as nil.
+    Returns a ``pyarrow.BinaryArray`` without nulls, one value per row, with no Python call per row
+    (docs/embedding.md, "The columnar path"); floats as float64, nulls as nil.
 
     >>> import pyarrow as pa
     >>> rows = msgpack_rows(pa.array(["k", None]), pa.array([1, -300]))
@@ -241,9 +242,6 @@ def msgpack_rows(*columns: Any) -> Any:
     [['k', 1], [None, -300]]
     >>> rows[1].as_py() == get_codec("msgpack").encode([None, -300])
     True
-
-    Returns:
-        A ``pyarrow.BinaryArray`` without nulls, one value per row.
 
     Raises:
         TypeError: a column of a type it does not encode (named); cast it to one it does.

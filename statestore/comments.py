@@ -1,7 +1,6 @@
 """Column comments: what every column of the store's tables and SQL views means.
 
-Tables carry them as Delta column metadata; views inherit them or name theirs (:func:`view_columns`).
-"""
+Tables carry them as Delta column metadata; views inherit them or name theirs (:func:`view_columns`)."""
 
 from __future__ import annotations
 

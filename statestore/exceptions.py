@@ -1,8 +1,7 @@
 """Errors raised by deltawheel: one root, :class:`DeltaWheelError`.
 
 Errors that the same call may get past later derive from :class:`RetryableError`, the rest from
-:class:`FatalError`. Messages say what happened and what to do about it.
-"""
+:class:`FatalError`. Messages say what happened and what to do about it."""
 
 from __future__ import annotations
 

@@ -39,9 +39,7 @@ DELTA_JARS: tuple[tuple[str, str, str], ...] = (
 def default_jars_dir() -> Path:
     """The per-user jar cache: ``$DELTAWHEEL_JARS_DIR`` or ``~/.cache/deltawheel/jars``."""
     env = os.environ.get("DELTAWHEEL_JARS_DIR")
-    if env:
-        return Path(env)
-    return Path.home() / ".cache" / "deltawheel" / "jars"
+    return Path(env) if env else Path.home() / ".cache" / "deltawheel" / "jars"
 
 
 def _download(url: str, dest: Path) -> None:
@@ -92,10 +90,9 @@ def fetch_maven_jar(group: str, artifact: str, version: str, dest_dir: Path, *, 
             coords = f"{group}:{artifact}:{version}" + (f":jar:{classifier}" if classifier else "")
             _mvn_copy(group, artifact, version, dest_dir, coords=coords)
         except Exception as second:
-            raise JarFetchError(
-                f"could not fetch {name}: download from {url} failed ({first}); mvn dependency:copy failed "
-                f"({second}). Put the jar into {dest_dir} by hand{hint}."
-            ) from second
+            raise JarFetchError(f"could not fetch {name}: download from {url} failed ({first}); mvn "
+                                f"dependency:copy failed ({second}). Put the jar into {dest_dir} by hand"
+                                f"{hint}.") from second
     if sha1 is not None:
         got = hashlib.sha1(dest.read_bytes()).hexdigest()
         if got != sha1:

@@ -1,16 +1,7 @@
-"""Where a store keeps its tables.
+"""Where a store keeps its tables: one folder (or object-store prefix) of Delta tables.
 
-A store is one folder (or object-store prefix) holding Delta tables::
-
-    <root>/_meta          migrations applied (the store's schema version)
-    <root>/rows           the single-row-per-key table
-    <root>/streams/<name> one table per stream
-    <root>/dead_letters   records that could not be processed
-    <root>/late_data      records behind the watermark, when routed there
-    <root>/_zk            data dir of the embedded ZooKeeper (local stores only)
-    <root>/_metrics/batches  one row per computation batch (figures, created on first use)
-    <root>/_gc/ran_in_log.json  what ``deltawheel gc --apply`` read of the rows table's log (local stores)
-"""
+Each table is a property of :class:`StoreLayout`; ``<root>/_gc/`` holds what ``deltawheel gc
+--apply`` read of the rows table's log (local stores). docs/tables.md describes every table."""
 
 from __future__ import annotations
 
@@ -28,10 +19,8 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 def validate_name(kind: str, name: str) -> str:
     """Names of computations and streams: SQL identifiers (letters, digits, _)."""
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(
-            f"{kind} name {name!r} is not valid: use 1-64 letters, digits or '_', "
-            "starting with a letter or '_' (it becomes a table and view name)"
-        )
+        raise ConfigError(f"{kind} name {name!r} is not valid: use 1-64 letters, digits or '_', "
+                          "starting with a letter or '_' (it becomes a table and view name)")
     return name
 
 

@@ -2,8 +2,7 @@
 
 Each runs in its own session and process group (it outlives its starter; stopping takes its
 children), known by a pid file and a log file. With ``DELTAWHEEL_SERVERS_DIE_WITH=<pid>``, a
-watchdog stops every service started under it once that pid is gone.
-"""
+watchdog stops every service started under it once that pid is gone."""
 
 from __future__ import annotations
 
@@ -64,9 +63,8 @@ def find_java() -> str:
         return os.path.join(home, "bin", "java")
     found = shutil.which("java")
     if found is None:
-        raise ZooKeeperServerError(
-            "java not found (looked in $JAVA_HOME/bin and PATH): install Java 17+ or set JAVA_HOME"
-        )
+        raise ZooKeeperServerError("java not found (looked in $JAVA_HOME/bin and PATH): install Java 17+ or "
+                                   "set JAVA_HOME")
     return found
 
 

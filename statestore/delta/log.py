@@ -1,8 +1,7 @@
 """The live files of a Delta table, read from its log without Spark.
 
 Replays the newest complete checkpoint and the JSON commits after it; anything it does not fully
-understand returns ``None`` and the caller goes to Delta. docs/architecture-deltalog.md.
-"""
+understand returns ``None`` and the caller goes to Delta. docs/architecture-deltalog.md."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ from ..exceptions import StoreDamagedError
 from .checkpoints import CHECKPOINT_NAME, UnreadableCheckpoint, checkpoint_actions, newest_checkpoint
 from .storefs import TableFiles, local_path
 
-__all__ = ["LogSnapshot", "read_snapshot", "log_files", "local_table_exists", "local_path", "commit_infos", "commit_info",
-           "json_commit_versions", "damaged_entry", "DAMAGE_DOC",
+__all__ = ["LogSnapshot", "read_snapshot", "log_files", "local_table_exists", "local_path", "commit_infos",
+           "commit_info", "commit_info_in", "json_commit_versions", "damaged_entry", "DAMAGE_DOC",
            "newest_commit_info"]
 
 DAMAGE_DOC = "docs/store-damage.md"
@@ -64,9 +63,7 @@ def log_files(table: str | TableFiles) -> TableFiles | None:
 
 def _log_names(table: str | TableFiles) -> tuple[TableFiles, list[str]] | None:
     log = log_files(table)
-    if log is None:
-        return None
-    return log, log.listdir() or []
+    return None if log is None else (log, log.listdir() or [])
 
 
 def _read_json(log: TableFiles, version: int) -> tuple[str, list[str]] | None:
@@ -203,13 +200,16 @@ def commit_info(path: str | TableFiles, version: int) -> dict[str, Any] | None:
     """The ``commitInfo`` of JSON commit ``version`` (None: none, gone, or a remote table)."""
     log = log_files(path)
     got = None if log is None else _read_json(log, version)
-    if got is None:
-        return None
-    file, lines = got
-    for line in lines:
-        if '"commitInfo"' in line:
-            return dict(_parse(line, file)["commitInfo"])
-    return None
+    return None if got is None else commit_info_in(*got)
+
+
+def commit_info_in(file: str, lines: list[str]) -> dict[str, Any] | None:
+    """The ``commitInfo`` among the ``lines`` of JSON commit ``file`` (None: it has none).
+
+    Raises:
+        StoreDamagedError: its line does not parse.
+    """
+    return next((dict(_parse(line, file)["commitInfo"]) for line in lines if '"commitInfo"' in line), None)
 
 
 def commit_infos(path: str | TableFiles, *, after: int) -> list[tuple[int, dict[str, Any]]] | None:
@@ -218,17 +218,9 @@ def commit_infos(path: str | TableFiles, *, after: int) -> list[tuple[int, dict[
     if listing is None:
         return None
     log, names = listing
-    out = []
     versions = [v for v in _commit_versions(names) if v > after]
-    for v, got in zip(versions, _read_jsons(log, versions), strict=True):
-        if got is None:
-            continue
-        file, lines = got
-        for line in lines:
-            if '"commitInfo"' in line:
-                out.append((v, _parse(line, file)["commitInfo"]))
-                break
-    return out
+    return [(v, info) for v, got in zip(versions, _read_jsons(log, versions), strict=True)
+            if got is not None and (info := commit_info_in(*got)) is not None]
 
 
 def newest_commit_info(path: str | TableFiles,
@@ -242,11 +234,7 @@ def newest_commit_info(path: str | TableFiles,
         got = _read_json(log, v)
         if got is None:  # cleaned up meanwhile
             return None
-        file, lines = got
-        for line in lines:
-            if '"commitInfo"' in line:
-                info = _parse(line, file)["commitInfo"]
-                if match(info):
-                    return v, info
-                break
+        info = commit_info_in(*got)
+        if info is not None and match(info):
+            return v, info
     return None

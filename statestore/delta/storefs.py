@@ -1,8 +1,7 @@
 """A store's files as Python reaches them: a pyarrow file system plus a root.
 
 A local folder or ``s3a://`` (from the session's ``fs.s3a.*`` settings); any other scheme gets
-None. A file is complete before anything names it. docs/objectstore-fastpath.md.
-"""
+None. A file is complete before anything names it. docs/objectstore-fastpath.md."""
 
 from __future__ import annotations
 
@@ -58,10 +57,8 @@ class S3Settings:
 
 def local_path(path: str) -> str | None:
     """The folder of a local table (a plain path or a ``file:`` URI); None for a remote one."""
-    if path.startswith("file://"):
-        return path[len("file://"):]
     if path.startswith("file:"):
-        return path[len("file:"):]
+        return path.removeprefix("file:").removeprefix("//")
     head = path.split("/", 1)[0]
     return None if ":" in head else path
 

@@ -1,8 +1,7 @@
 """Delta transactions at the file level, through Delta's own transaction API.
 
 Whole files are removed and added in one ``OptimisticTransaction`` with a read predicate per
-partition; deliveries carry a ``SetTransaction`` per producing interval (idempotent retries).
-"""
+partition; deliveries carry a ``SetTransaction`` per producing interval (idempotent retries)."""
 
 from __future__ import annotations
 
@@ -247,8 +246,7 @@ class TableLog:
         ``read_partitions``: SQL predicates recorded as read. ``untouched_since`` = (version,
         partitions): raise :class:`StaleFilesError` if a later commit touched them. ``check`` runs
         once the snapshot is taken (raise to abort). ``known_version``: if the JVM's snapshot is at
-        it, the log is not listed first. Returns the new version; raises whatever Delta raises.
-        """
+        it, the log is not listed first. Returns the new version; raises whatever Delta raises."""
         held = self._log.unsafeVolatileSnapshot() if known_version is not None else None
         at: int | None = None
         if held is not None and int(held.version()) == known_version:

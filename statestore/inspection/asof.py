@@ -2,8 +2,7 @@
 
 One instant for every table, so a join sees one consistent past: ``--as-of TIMESTAMP`` takes each
 table's newest version committed by then (naive: UTC); ``--as-of VERSION`` the rows table's
-version and every other table as of its commit time. A table with no version by then has no view.
-"""
+version and every other table as of its commit time. A table with no version by then has no view."""
 
 from __future__ import annotations
 

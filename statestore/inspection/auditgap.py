@@ -1,8 +1,7 @@
 """Audit rows missing for tools' rows commits, rebuilt from the commits' metadata (read only).
 
 A tool that died between its rows commit and its audit row (``surgery/audit.py``) leaves such a
-gap; the rebuilt rows carry ``"recovered": true`` in ``detail``.
-"""
+gap; the rebuilt rows carry ``"recovered": true`` in ``detail``."""
 
 from __future__ import annotations
 

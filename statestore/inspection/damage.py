@@ -1,8 +1,7 @@
 """Damage to a store's Delta logs, found before a writer starts instead of after.
 
 A deleted newest commit silently rolls a Delta table back, a truncated one fails deep inside a
-read; so an executor checks a local store before it takes its leases (docs/store-damage.md).
-"""
+read; so an executor checks a local store before it takes its leases (docs/store-damage.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Read-only: the difference between one computation's state in two stores, and its productions.
 
 Key by key (state, timers, pending productions; not record ids), and productions matched by
-(stream, key, event time); in Spark, only counts and samples reach the driver. docs/replay.md.
-"""
+(stream, key, event time); in Spark, only counts and samples reach the driver. docs/replay.md."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ class StoreDiff:
     """The difference of one computation between store A and store B.
 
     ``counts``: kind (``added``, ``timers``, ``productions_only_a``, ...) -> keys or productions;
-    ``samples``: kind -> up to :data:`SAMPLE` decoded examples; ``notes``: what explains a difference.
-    """
+    ``samples``: kind -> up to :data:`SAMPLE` decoded examples; ``notes``: what explains a difference."""
 
     computation: str
     store_a: str
@@ -189,15 +187,12 @@ def _production_diff(a: Any | None, b: Any | None, counts: dict[str, int],
                      samples: dict[str, list[dict[str, Any]]]) -> None:
     from pyspark.sql import functions as F
 
-    for k in PRODUCTION_KINDS:
-        counts[k] = 0
-    if a is None or b is None:
-        if a is None and b is None:
-            return
-        one: Any = a if a is not None else b
-        empty = one.limit(0)
-        a = a if a is not None else empty
-        b = b if b is not None else empty
+    counts.update(dict.fromkeys(PRODUCTION_KINDS, 0))
+    if a is None and b is None:
+        return
+    if a is None or b is None:  # a side with no stream table: an empty frame of the other's columns
+        empty = next(f for f in (a, b) if f is not None).limit(0)
+        a, b = (empty if a is None else a), (empty if b is None else b)
     on = [F.col("a.stream") == F.col("b.stream"), F.col("a.key") == F.col("b.key"),
           F.col("a.timestamp_ms") == F.col("b.timestamp_ms")]
     j = a.alias("a").join(b.alias("b"), on, "full_outer").select(

@@ -2,8 +2,7 @@
 
 Commits are walked oldest first; a moved row is read whole only when its stamp columns changed.
 History starts at version 0 or the oldest checkpoint every later commit follows, and needs old
-versions' data files (not vacuumed). docs/history.md, "How history is read".
-"""
+versions' data files (not vacuumed). docs/history.md, "How history is read"."""
 
 from __future__ import annotations
 
@@ -137,24 +136,23 @@ class _Table:
         """The row indexes of ``add``'s file its deletion vector marks deleted (none without one)."""
         path = str(add["path"])
         dv = add.get("deletionVector")
-        gone: frozenset[int] = frozenset()
-        if dv:
-            dv_id = json.dumps(dv, sort_keys=True)
-            got = self._dvs.get((path, dv_id))
-            if got is None:
-                try:
-                    got = self._dvs[(path, dv_id)] = deleted_rows(self.files, dv)
-                except StoreDamagedError as exc:
-                    if dv.get("storageType") != "u" or not isinstance(exc.__cause__, FileNotFoundError):
-                        raise
-                    # a later commit's cumulative vector replaced this file, and VACUUM removed it
-                    raise VersionNotFoundError(
-                        f"the deletion vector file of {path} in an old version of {self.files.root} is gone "
-                        "(vacuumed: deltawheel gc --vacuum-retain-hours): the versions before the vacuum can no "
-                        "longer be read. Read the history of a store whose old files are kept, or raise the "
-                        "retention before the next gc") from None
-            gone = got
-        return gone
+        if not dv:
+            return frozenset()
+        dv_id = json.dumps(dv, sort_keys=True)
+        got = self._dvs.get((path, dv_id))
+        if got is None:
+            try:
+                got = self._dvs[(path, dv_id)] = deleted_rows(self.files, dv)
+            except StoreDamagedError as exc:
+                if dv.get("storageType") != "u" or not isinstance(exc.__cause__, FileNotFoundError):
+                    raise
+                # a later commit's cumulative vector replaced this file, and VACUUM removed it
+                raise VersionNotFoundError(
+                    f"the deletion vector file of {path} in an old version of {self.files.root} is gone "
+                    "(vacuumed: deltawheel gc --vacuum-retain-hours): the versions before the vacuum can no "
+                    "longer be read. Read the history of a store whose old files are kept, or raise the "
+                    "retention before the next gc") from None
+        return got
 
     def forget(self, live: set[str]) -> None:
         """Drop what was read of files no longer live (a history of every key reads them all)."""

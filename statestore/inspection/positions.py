@@ -2,8 +2,7 @@
 
 Every batch commit records the input files it read (``rowtable/inputfiles.py``); a replay from V
 re-runs the commits after V. Commits that read no input are re-run by nothing: a tool's change is
-not in the replay (:func:`tool_changes`); claims change no user row and are skipped.
-"""
+not in the replay (:func:`tool_changes`); claims change no user row and are skipped."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ class ComputationCommit:
 
     ``batch_id`` / ``files``: its recorded input positions (``files`` None: none recorded);
     ``input_ms`` / ``late_ms``: the watermarks the batch acted on; ``kind``: ``batch``, ``claim``
-    or a tool's; ``kafka``: the Kafka offset ranges the batch read (start inclusive), if any.
-    """
+    or a tool's; ``kafka``: the Kafka offset ranges the batch read (start inclusive), if any."""
 
     version: int
     timestamp_ms: int

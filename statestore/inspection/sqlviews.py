@@ -1,8 +1,7 @@
 """SQL over a store: decoded temporary views, query formatting, one-key inspection.
 
 Every query is first checked to only read (:mod:`.readonly`); the views: ``views.py`` and
-docs/tables.md, "Views".
-"""
+docs/tables.md, "Views"."""
 
 from __future__ import annotations
 
@@ -100,10 +99,8 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: s
     out = [line(list(columns)), "-+-".join("-" * w for w in widths)]
     out += [line(r) for r in cells]
     n = len(rows)
-    if total is not None and total > n:
-        footer = f"({n} of {total} rows shown; raise --max-rows)"
-    else:
-        footer = f"({n} row{'s' if n != 1 else ''})"
+    footer = (f"({n} of {total} rows shown; raise --max-rows)" if total is not None and total > n
+              else f"({n} row{'s' if n != 1 else ''})")
     return "\n".join(out + [footer]) + "\n"
 
 

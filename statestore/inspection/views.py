@@ -1,8 +1,7 @@
 """The store's decoded temporary views, each defined on a session when a statement first needs it.
 
 Only the views a statement names are defined, so the costly ones (``audit``, ``state_history``)
-cost only when used. Views are SQL text: each query reads the tables' latest Delta version.
-"""
+cost only when used. Views are SQL text: each query reads the tables' latest Delta version."""
 
 from __future__ import annotations
 
@@ -249,8 +248,7 @@ def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = Fals
                    as_of: AsOf | None = None) -> list[str]:
     """Register every view of the store and ``dw_decode``; a missing table gets none (side tables: empty).
 
-    Returns:
-        The names of the views registered, built-in ones first, then streams.
+    Returns the names of the views registered, built-in ones first, then streams.
 
     Raises:
         ConfigError: a stream table is named like a built-in view.

@@ -2,8 +2,7 @@
 
 ``ZkS3LogStore.java`` follows Delta's ``BaseExternalLogStore`` with a znode as the entry: whoever
 creates the entry for version N owns N. ZooKeeper SUSPENDED / LOST: its Curator client retries;
-a commit that cannot create its entry fails with nothing committed. Entries are persistent.
-"""
+a commit that cannot create its entry fails with nothing committed. Entries are persistent."""
 
 from __future__ import annotations
 

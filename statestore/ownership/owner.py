@@ -4,8 +4,7 @@ Taking intervals follows MillWheel's order strictly:
 
 1. acquire the ZooKeeper leases (each grant carries a new sequencer);
 2. *fence*: commit the new sequencers into the intervals' fence rows (``rowtable/fencing.py``);
-3. only then read: the recovery scan (``rowtable/recovery.py``).
-"""
+3. only then read: the recovery scan (``rowtable/recovery.py``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Re-seeding ZooKeeper from the store after ZooKeeper lost a pipeline's state.
 
 Run it with every copy of the pipeline stopped; it only raises values, so a repeat changes
-nothing. docs/coordinator-recovery.md, "Lost ZooKeeper data".
-"""
+nothing. docs/coordinator-recovery.md, "Lost ZooKeeper data"."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ __all__ = ["ReseedPlan", "plan_reseed", "apply_reseed", "store_sequencers"]
 class ReseedPlan:
     """What :func:`plan_reseed` found (per computation, interval -> sequencer; per injector, watermark).
 
-    ``zookeeper``: the sequencers it would grant next; ``behind``: the floors they must reach.
-    """
+    ``zookeeper``: the sequencers it would grant next; ``behind``: the floors they must reach."""
 
     pipeline: str
     root: str

@@ -96,15 +96,13 @@ def translate_commit_error(exc: BaseException, *, sequencers: Mapping[int, int])
     if m:  # only the raised error has the numbers: other errors quote the MERGE, marker included
         detail = (f"computation {m.group(1)} interval {m.group(2)} is owned under sequencer {m.group(3)}, "
                   f"this writer has {m.group(4)}")
-        return StaleSequencerError(
-            f"commit rejected, stale sequencer: {detail}. A newer owner took over; nothing of this "
-            "commit landed. Drop the leases and re-acquire them before writing again."
-        )
-    if _CONFLICT.search(text):
-        m2 = _CONFLICT.search(text)
-        first = text[m2.start():m2.start() + 200].splitlines()[0] if m2 else type(exc).__name__
-        return CommitConflictError(
-            f"a concurrent Delta commit touched the same interval partitions ({first}); nothing "
-            "landed. Retry: if a newer owner fenced the interval the retry fails with StaleSequencerError."
-        )
+        return StaleSequencerError(f"commit rejected, stale sequencer: {detail}. A newer owner took over; "
+                                   "nothing of this commit landed. Drop the leases and re-acquire them "
+                                   "before writing again.")
+    conflict = _CONFLICT.search(text)
+    if conflict:
+        first = text[conflict.start():conflict.start() + 200].splitlines()[0]
+        return CommitConflictError(f"a concurrent Delta commit touched the same interval partitions "
+                                   f"({first}); nothing landed. Retry: if a newer owner fenced the interval "
+                                   "the retry fails with StaleSequencerError.")
     return None

@@ -1,7 +1,6 @@
 """The fenced MERGE of :meth:`~.store.RowStore.commit`, evaluated in Python over the partitions' files.
 
-Copy-on-write without Spark jobs: files holding a matched row become one new file per interval.
-"""
+Copy-on-write without Spark jobs: files holding a matched row become one new file per interval."""
 
 from __future__ import annotations
 

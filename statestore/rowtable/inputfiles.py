@@ -1,8 +1,7 @@
 """Per interval, the input files whose records were committed: kept in the fence row's ``state``.
 
 Every commit adds its batch's input files (sorted, distinct JSON) to each written interval's
-fence row in the same transaction; writers and readers union sets. docs/rescaling.md.
-"""
+fence row in the same transaction; writers and readers union sets. docs/rescaling.md."""
 
 from __future__ import annotations
 

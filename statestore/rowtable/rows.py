@@ -1,8 +1,7 @@
 """The single-row-per-key image of a computation's key, and its table schema.
 
 :meth:`KeyRow.to_row` / :meth:`KeyRow.from_row` are the only conversions; each interval
-partition also holds one *fence row* (key :data:`FENCE_KEY`, ``fencing.py``).
-"""
+partition also holds one *fence row* (key :data:`FENCE_KEY`, ``fencing.py``)."""
 
 from __future__ import annotations
 

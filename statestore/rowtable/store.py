@@ -8,8 +8,7 @@ Commit protocol (one call of :meth:`RowStore.commit`):
 4. Run the fenced MERGE with the commit metadata as ``userMetadata``: in Python over the files
    where they are reachable (``filecommit.py``), else Delta's MERGE.
 5. Map failures: a stale sequencer raises :class:`StaleSequencerError`; a conflict is retried
-   up to ``conflict_retries``, then raises :class:`CommitConflictError`.
-"""
+   up to ``conflict_retries``, then raises :class:`CommitConflictError`."""
 
 from __future__ import annotations
 
@@ -46,7 +45,8 @@ from .filescan import interval_rows
 from .frames import arrow_schema, local_frame
 from .rows import FENCE_KEY, KeyRow, interval_of, is_user_key, rows_file_ddl, rows_schema_ddl, validate_key
 
-__all__ = ["RowStore", "CommitResult", "StoreStats", "COMMIT_META_VERSION"]
+__all__ = ["RowStore", "CommitResult", "StoreStats", "COMMIT_META_VERSION", "commit_metadata",
+           "raise_if_fenced"]
 
 COMMIT_META_VERSION = 1
 _SOURCE_DDL = rows_schema_ddl() + ", _op STRING"
@@ -208,18 +208,15 @@ class RowStore:
 
         found = self._fence_rows_from_files(computation, "state")
         if found is not None:
-            quick: dict[int, frozenset[str]] = {}
-            for iv, table in found:
-                for state in table["state"].to_pylist():
-                    if state is not None:
-                        quick[iv] = quick.get(iv, frozenset()) | inputfiles.decode(state)
-            return quick
-        df = self._table().where((F.col("computation") == computation) & (F.col("key") == FENCE_KEY)
-                                 & F.col("state").isNotNull()).select("interval", "state")
+            states = [(iv, s) for iv, table in found for s in table["state"].to_pylist()]
+        else:
+            df = self._table().where((F.col("computation") == computation) & (F.col("key") == FENCE_KEY)
+                                     & F.col("state").isNotNull()).select("interval", "state")
+            states = [(int(r["interval"]), r["state"]) for r in df.collect()]
         out: dict[int, frozenset[str]] = {}
-        for r in df.collect():
-            iv = int(r["interval"])
-            out[iv] = out.get(iv, frozenset()) | inputfiles.decode(r["state"])
+        for iv, state in states:
+            if state is not None:
+                out[iv] = out.get(iv, frozenset()) | inputfiles.decode(state)
         return out
 
     def check_fences(self, computation: str, sequencers: Mapping[int, int]) -> None:
@@ -232,8 +229,7 @@ class RowStore:
 
         Raises :class:`StaleSequencerError` if a fence carries a greater sequencer. Where Python
         writes the files, a quick *claim* commit goes first, so an old owner in a tight loop cannot
-        win every race; ``claim_only``: stop after it; ``check=False``: the caller checks.
-        """
+        win every race; ``claim_only``: stop after it; ``check=False``: the caller checks."""
         validate_name("computation", computation)
         files = table_files(self._spark, self.layout.rows) if sequencers else None
         if sequencers and files is not None:
@@ -424,10 +420,9 @@ class RowStore:
     @staticmethod
     def _require_sequencer(sequencers: Mapping[int, int], interval: int, key: str) -> None:
         if interval not in sequencers:
-            raise NotOwnerError(
-                f"key {key!r} is in interval {interval}, for which this writer holds no lease; "
-                f"held: {sorted(sequencers)}. Acquire the interval's lease before writing."
-            )
+            raise NotOwnerError(f"key {key!r} is in interval {interval}, for which this writer holds no "
+                                f"lease; held: {sorted(sequencers)}. Acquire the interval's lease before "
+                                "writing.")
 
     def _validated(self, row: KeyRow, computation: str, sequencers: Mapping[int, int],
                    num_intervals: int | None, now: int, commit_id: str) -> KeyRow:
@@ -471,7 +466,3 @@ def commit_metadata(spark: Any, layout: StoreLayout) -> list[tuple[int, dict[str
         md = r["userMetadata"]
         out.append((int(r["version"]), json.loads(md) if md else None))
     return out
-
-
-__all__ += ["commit_metadata", "raise_if_fenced"]
-_ = StaleSequencerError  # re-exported for callers catching store errors

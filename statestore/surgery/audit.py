@@ -1,8 +1,7 @@
 """The audit table ``<store>/_audit``: one row per change a tool made to a live computation's rows.
 
 A row is appended after the tool's rows commit, which carries the same ``audit_id`` and record, so
-:func:`recover_audit` (run by every tool and ``gc --apply``) can append a dead tool's missing row.
-"""
+:func:`recover_audit` (run by every tool and ``gc --apply``) can append a dead tool's missing row."""
 
 from __future__ import annotations
 
@@ -16,10 +15,8 @@ from ..inspection.auditgap import AUDIT_FORMAT_VERSION, missing_audit_rows
 from ..layout import StoreLayout
 from ..tabledefs import AUDIT_COLUMNS
 
-__all__ = ["AUDIT_DDL", "AUDIT_FORMAT_VERSION", "AuditRecord", "append_audit", "read_audit", "who",
-           "commit_meta", "recover_audit"]
-
-AUDIT_DDL = AUDIT_COLUMNS
+__all__ = ["AUDIT_FORMAT_VERSION", "AuditRecord", "append_audit", "read_audit", "who", "commit_meta",
+           "recover_audit"]
 
 
 def who() -> str:
@@ -79,7 +76,7 @@ class AuditRecord:
 
 def append_audit(spark: Any, layout: StoreLayout, record: AuditRecord) -> None:
     """Append ``record`` to the store's audit table (created by the first append)."""
-    df = spark.createDataFrame([record.to_row()], AUDIT_DDL)
+    df = spark.createDataFrame([record.to_row()], AUDIT_COLUMNS)
     df.write.format("delta").mode("append").save(layout.audit)
 
 
@@ -97,7 +94,7 @@ def recover_audit(spark: Any, layout: StoreLayout, rows: Sequence[Mapping[str, A
     rows = missing_audit_rows(spark, layout) if rows is None else list(rows)
     if not rows:
         return []
-    df = spark.createDataFrame(rows, AUDIT_DDL)
+    df = spark.createDataFrame(rows, AUDIT_COLUMNS)
     if not DeltaTable.isDeltaTable(spark, layout.audit):
         df.write.format("delta").mode("append").save(layout.audit)
     else:

@@ -11,7 +11,8 @@ from ..codecs import get_codec
 from ..exceptions import BadRecordError, CodecError, RepairStatementError
 from ..rowtable.rows import KeyRow, interval_of, validate_key
 
-__all__ = ["Edit", "Edits", "encode_state", "new_key_row", "check_new_key", "run_sql", "check_computation"]
+__all__ = ["Edit", "Edits", "encode_state", "set_state", "new_key_row", "check_new_key", "run_sql",
+           "check_computation"]
 
 #: a key's row now (None: no row) -> its row after (None: no row)
 Edit = Callable[[KeyRow | None], KeyRow | None]
@@ -43,6 +44,15 @@ class Edits:
             if k not in seen and (after := edit(None)) is not None:
                 out.append(after)
         return out
+
+
+def set_state(key: str, text: str | None, *, delete: bool) -> Edit:
+    """The edit that sets ``key``'s state to ``text`` (JSON) in its row's codec, or deletes the row."""
+    def edit(row: KeyRow | None) -> KeyRow | None:
+        if row is None or delete:
+            return None
+        return row.with_(state=encode_state(key, text, row.codec))
+    return edit
 
 
 def encode_state(key: str, text: str | None, codec: str) -> bytes | None:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ..exceptions import RepairStatementError
 from ..rowtable.rows import KeyRow
 from ..sqltext import sql_str
-from .edits import Edit, Edits, check_new_key, encode_state, new_key_row, run_sql
+from .edits import Edit, Edits, check_new_key, encode_state, new_key_row, run_sql, set_state
 
 __all__ = ["MergeStatement", "parse_merge", "merge_edits"]
 
@@ -183,7 +183,7 @@ def merge_edits(spark: Any, stmt: MergeStatement, *, computation: str, num_inter
             if k in by_key:
                 raise RepairStatementError(f"the MERGE source has more than one row matching key {k!r}: each key "
                                            "takes one source row (deduplicate the source)")
-            by_key[k] = (int(r["iv"]), _update(k, r["new_state"], delete=stmt.matched_expr is None))
+            by_key[k] = (int(r["iv"]), set_state(k, r["new_state"], delete=stmt.matched_expr is None))
     if stmt.insert_key is not None:
         rows = run_sql(spark, f"SELECT CAST(({stmt.insert_key}) AS STRING) AS key, "
                               f"CAST(({stmt.insert_state}) AS STRING) AS new_state FROM {src} AS {stmt.alias} "
@@ -204,14 +204,6 @@ def merge_edits(spark: Any, stmt: MergeStatement, *, computation: str, num_inter
                               state=encode_state(k, r["new_state"], column), codec=column)
             by_key[k] = (row.interval, _insert(row))
     return Edits(by_key)
-
-
-def _update(key: str, text: str | None, *, delete: bool) -> Edit:
-    def edit(row: KeyRow | None) -> KeyRow | None:
-        if row is None or delete:
-            return None
-        return row.with_(state=encode_state(key, text, row.codec))
-    return edit
 
 
 def _insert(new: KeyRow) -> Edit:

@@ -6,8 +6,7 @@ leases it touches (docs/operations.md, "Repair").
 - ``MERGE INTO state USING <source> ...`` (``merge.py``); timers and pending productions (``sideviews.py``).
 
 The statement is evaluated twice: once to find the leases to take (every refusal before the
-pipeline is asked), then under them (``replace.py``).
-"""
+pipeline is asked), then under them (``replace.py``)."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ from ..layout import StoreLayout
 from ..rowtable.rows import KeyRow
 from ..sqltext import sql_str
 from ..zk.lease_tools import list_leases
-from .edits import Edit, Edits, check_computation, encode_state, run_sql
+from .edits import Edits, check_computation, run_sql, set_state
 from .merge import MergeStatement, merge_edits, parse_merge
 from .replace import Held, Surgery, SurgeryResult, plan_replacement, replace_intervals
 from .sideviews import pending_edits, timer_edits
@@ -102,16 +101,8 @@ def _state_edits(spark: Any, stmt: RepairStatement, computation: str) -> Edits:
     expr = stmt.expr if stmt.kind == "update" else "CAST(NULL AS STRING)"
     rows = run_sql(spark, f"SELECT key, `interval`, CAST(({expr}) AS STRING) AS new_state FROM state "
                           f"WHERE computation = {sql_str(computation)} AND ({cond})", what="the state view")
-    return Edits({str(r["key"]): (int(r["interval"]), _set_state(str(r["key"]), r["new_state"],
+    return Edits({str(r["key"]): (int(r["interval"]), set_state(str(r["key"]), r["new_state"],
                                                                  delete=stmt.kind == "delete")) for r in rows})
-
-
-def _set_state(key: str, text: str | None, *, delete: bool) -> Edit:
-    def edit(row: KeyRow | None) -> KeyRow | None:
-        if row is None or delete:
-            return None
-        return row.with_(state=encode_state(key, text, row.codec))
-    return edit
 
 
 _ROW_LOCAL = re.compile(r"\b(select|computation)\b", re.IGNORECASE)
@@ -139,8 +130,7 @@ def _held_views(spark: Any, layout: StoreLayout, stmt: RepairStatement, *, compu
 def _codec_of(spark: Any, computation: str, given: str | None) -> Callable[[], str]:
     """The codec column of a key a MERGE inserts: ``given``, else the newest state version's most common.
 
-    The callable raises RepairStatementError: no ``given`` and no row, or ``given`` unknown or pickle.
-    """
+    The callable raises RepairStatementError: no ``given`` and no row, or ``given`` unknown or pickle."""
     def codec() -> str:
         if given is not None:
             if base_name(given) == "pickle":

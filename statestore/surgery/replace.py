@@ -13,8 +13,7 @@
 4. Give the leases back and delete the request as soon as the commit landed.
 5. Append the audit record (``audit.py``); one a dead tool left is appended by the next run or gc.
 
-:func:`plan_replacement` is the dry run: the same ``build`` over the rows now, nothing written.
-"""
+:func:`plan_replacement` is the dry run: the same ``build`` over the rows now, nothing written."""
 
 from __future__ import annotations
 

@@ -110,16 +110,12 @@ class Timeline:
 
     def pause_s(self) -> float | None:
         """How long the stage was paused (None: it was not, or is still)."""
-        if self._paused is None:
-            return None
-        start, end = self._paused
+        start, end = self._paused or (0, None)
         return None if end is None else (end - start) / 1000
 
     def pause_line(self) -> str | None:
         """How long the live stage was paused, from when to when (None: it was not)."""
-        if self._paused is None:
-            return None
-        start, end = self._paused
+        start, end = self._paused or (0, None)
         if end is None:
             return None
         return f"the live stage was paused {(end - start) / 1000:.1f}s (from +{start / 1000:.1f}s to +{end / 1000:.1f}s)"

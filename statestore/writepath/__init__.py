@@ -5,8 +5,7 @@ protocol (DESIGN, "The per-batch protocol") that touch storage. Implementations:
 :class:`~.image.path.ImagePath` (local and ``s3a://``) and :class:`~.merge.path.MergePath` (any store).
 A new path passes ``tests/test_writepath_contract.py``: a write never lands for a writer taken over
 (it fails typed, never skips); a repeated delivery adds no stream record twice; a crash followed by
-:meth:`WritePath.acquire` on a new writer yields what a run without the crash would.
-"""
+:meth:`WritePath.acquire` on a new writer yields what a run without the crash would."""
 
 from __future__ import annotations
 

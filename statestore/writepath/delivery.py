@@ -1,8 +1,7 @@
 """Idempotent writes of productions, dead letters and late records.
 
 Delivery is an insert-only Delta MERGE keyed by record id: a repeated delivery adds no row, and a
-conflicting concurrent one is retried and inserts only what is missing.
-"""
+conflicting concurrent one is retried and inserts only what is missing."""
 
 from __future__ import annotations
 
@@ -26,13 +25,12 @@ _PROD_DDL = ("production_id STRING, stream STRING, key STRING, value BINARY, tim
              "commit_id STRING")
 
 
-def _insert_missing(spark: Any, target: str, src: Any, *, on: str, retries: int = 20) -> None:
+def _insert_missing(target: str, src: Any, *, on: str, retries: int = 20) -> None:
     view = f"dw_ins_{next(_ids)}"
     # foreachBatch frames belong to the query's cloned session: view and MERGE must live there too
     spark = src.sparkSession
     src.createOrReplaceTempView(view)
-    sql = (f"MERGE INTO delta.`{target}` t USING {view} s ON {on} "
-           "WHEN NOT MATCHED THEN INSERT *")
+    sql = f"MERGE INTO delta.`{target}` t USING {view} s ON {on} WHEN NOT MATCHED THEN INSERT *"
     try:
         for attempt in itertools.count(1):
             try:
@@ -66,7 +64,7 @@ def deliver_frame(spark: Any, layout: StoreLayout, prods: Any, *, streams: Seque
             (F.col("commit_id") if "commit_id" in prods.columns else F.lit(commit_id).cast("string")
              ).alias("commit_id"),
             F.lit(STREAM_FORMAT_VERSION).alias("format_version"))
-        _insert_missing(spark, path, src, on="t.record_id = s.record_id")
+        _insert_missing(path, src, on="t.record_id = s.record_id")
 
 
 def deliver_productions(spark: Any, layout: StoreLayout, prods: Iterable[Production], *, producer: str,
@@ -128,7 +126,7 @@ def record_dead_letters(spark: Any, layout: StoreLayout, frame: Any, *, computat
                        F.lit(batch_id).cast("bigint").alias("batch_id"),
                        F.lit(int(time.time() * 1000)).cast("bigint").alias("recorded_ms"),
                        F.lit(1).alias("format_version"))
-    _insert_missing(spark, layout.dead_letters, src,
+    _insert_missing(layout.dead_letters, src,
                     on=f"t.computation = s.computation AND {_DEAD_LETTER_ID.format(t='t')} = "
                        f"{_DEAD_LETTER_ID.format(t='s')}")
 
@@ -146,5 +144,5 @@ def record_late(spark: Any, layout: StoreLayout, frame: Any, *, computation: str
                        F.lit(int(time.time() * 1000)).cast("bigint").alias("recorded_ms"),
                        F.lit(1).alias("format_version"))
     n = src.count()
-    _insert_missing(spark, layout.late_data, src, on="t.computation = s.computation AND t.record_id = s.record_id")
+    _insert_missing(layout.late_data, src, on="t.computation = s.computation AND t.record_id = s.record_id")
     return int(n)

@@ -1,8 +1,7 @@
 """Stream tables: one Delta table of delivered records per stream, ``<root>/streams/<name>``.
 
 Consumers read it with Delta's streaming source; producers append idempotently (``delivery.py``).
-Names become SQL view names (``clicks``, ``clicks_decoded``): :func:`check_stream_name`.
-"""
+Names become SQL view names (``clicks``, ``clicks_decoded``): :func:`check_stream_name`."""
 
 from __future__ import annotations
 
@@ -20,15 +19,8 @@ from ..exceptions import ConfigError, DeltaWheelError
 from ..layout import StoreLayout, validate_name
 from ..sqltext import sql_path, sql_str
 
-__all__ = [
-    "STREAM_FORMAT_VERSION",
-    "BUILTIN_VIEWS",
-    "RESERVED_STREAM_NAMES",
-    "stream_schema_ddl",
-    "check_stream_name",
-    "ensure_stream_table",
-    "list_streams",
-]
+__all__ = ["STREAM_FORMAT_VERSION", "BUILTIN_VIEWS", "RESERVED_STREAM_NAMES", "stream_schema_ddl",
+           "check_stream_name", "ensure_stream_table", "list_streams"]
 
 STREAM_FORMAT_VERSION = 1
 
@@ -37,18 +29,15 @@ BUILTIN_VIEWS: tuple[str, ...] = (
     "rows", "state", "timers", "pending_productions", "fences", "dead_letters", "late_data", "state_history", "audit",
 )
 #: Names a stream may not have: a built-in view, or its ``_decoded`` companion.
-RESERVED_STREAM_NAMES: frozenset[str] = frozenset(
-    n.lower() for v in BUILTIN_VIEWS for n in (v, f"{v}_decoded")
-)
+RESERVED_STREAM_NAMES: frozenset[str] = frozenset(n.lower() for v in BUILTIN_VIEWS
+                                                   for n in (v, f"{v}_decoded"))
 
 
 def stream_schema_ddl() -> str:
     """The columns of a stream table as a Spark DDL string."""
-    return (
-        "record_id STRING NOT NULL, key STRING NOT NULL, value BINARY, codec STRING, "
-        "timestamp_ms BIGINT, event_time TIMESTAMP, producer STRING, commit_id STRING, "
-        "format_version INT"
-    )
+    return ("record_id STRING NOT NULL, key STRING NOT NULL, value BINARY, codec STRING, "
+            "timestamp_ms BIGINT, event_time TIMESTAMP, producer STRING, commit_id STRING, "
+            "format_version INT")
 
 
 def _commented_stream_ddl() -> str:
@@ -69,10 +58,9 @@ def _stream_properties(name: str) -> dict[str, str]:
 
 def _stream_schema_json() -> str:
     """The table's schema as Delta records it (``schemaString``), each column with its comment."""
-    fields = []
-    for col in (c.split() for c in stream_schema_ddl().split(",")):
-        fields.append({"name": col[0], "type": _SPARK_TYPES[col[1]], "nullable": col[2:] != ["NOT", "NULL"],
-                       "metadata": {"comment": STREAM_COMMENTS[col[0]]}})
+    cols = [c.split() for c in stream_schema_ddl().split(",")]
+    fields = [{"name": col[0], "type": _SPARK_TYPES[col[1]], "nullable": col[2:] != ["NOT", "NULL"],
+               "metadata": {"comment": STREAM_COMMENTS[col[0]]}} for col in cols]
     return json.dumps({"type": "struct", "fields": fields}, separators=(",", ":"))
 
 
@@ -92,10 +80,8 @@ def check_stream_name(name: str) -> str:
     """
     validate_name("stream", name)
     if name.lower() in RESERVED_STREAM_NAMES:
-        raise ConfigError(
-            f"stream name {name!r} clashes with the built-in SQL view of that name "
-            f"(reserved: {', '.join(sorted(RESERVED_STREAM_NAMES))}); rename the stream"
-        )
+        raise ConfigError(f"stream name {name!r} clashes with the built-in SQL view of that name "
+                          f"(reserved: {', '.join(sorted(RESERVED_STREAM_NAMES))}); rename the stream")
     return name
 
 
@@ -122,10 +108,8 @@ def ensure_stream_table(spark: Any, layout: StoreLayout, name: str) -> str:
         raise
     except Exception as exc:
         cause = type(exc).__name__ + (f": {str(exc).strip().splitlines()[0]}" if str(exc).strip() else "")
-        raise ConfigError(
-            f"the table of stream {name!r} cannot be made at {path}: {cause}; clear that path (nothing "
-            "but the stream's Delta table belongs there) and run again"
-        ) from exc
+        raise ConfigError(f"the table of stream {name!r} cannot be made at {path}: {cause}; clear that path "
+                          "(nothing but the stream's Delta table belongs there) and run again") from exc
     return path
 
 
@@ -139,10 +123,7 @@ def list_streams(spark: Any | None, layout: StoreLayout) -> list[str]:
         root = local_path(layout.streams_root) or layout.streams_root
         if not os.path.isdir(root):
             return []
-        return sorted(
-            n for n in os.listdir(root)
-            if os.path.isdir(os.path.join(root, n, "_delta_log"))
-        )
+        return sorted(n for n in os.listdir(root) if os.path.isdir(os.path.join(root, n, "_delta_log")))
     if spark is None:
         raise ConfigError(f"listing the streams of remote store {layout.root} needs a SparkSession")
     hfs = jvm(spark).org.apache.hadoop.fs
@@ -150,8 +131,5 @@ def list_streams(spark: Any | None, layout: StoreLayout) -> list[str]:
     fs = hpath.getFileSystem(jcontext(spark).hadoopConfiguration())
     if not fs.exists(hpath):
         return []
-    names = []
-    for status in fs.listStatus(hpath):
-        if status.isDirectory() and fs.exists(hfs.Path(status.getPath(), "_delta_log")):
-            names.append(str(status.getPath().getName()))
-    return sorted(names)
+    return sorted(str(s.getPath().getName()) for s in fs.listStatus(hpath)
+                  if s.isDirectory() and fs.exists(hfs.Path(s.getPath(), "_delta_log")))

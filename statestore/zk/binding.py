@@ -1,8 +1,7 @@
 """Which store a pipeline's ZooKeeper state belongs to.
 
 The first writer records its rows table id in ``/pipelines/{p}/store``; every later writer checks
-it before taking a lease. ZooKeeper SUSPENDED / LOST: one create-or-read, kazoo's error propagates.
-"""
+it before taking a lease. ZooKeeper SUSPENDED / LOST: one create-or-read, kazoo's error propagates."""
 
 from __future__ import annotations
 

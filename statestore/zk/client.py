@@ -1,7 +1,6 @@
 """Connecting to ZooKeeper: a started :class:`KazooClient` with chroot and digest auth.
 
-kazoo reconnects on its own (SUSPENDED, then CONNECTED; a new session after LOST).
-"""
+kazoo reconnects on its own (SUSPENDED, then CONNECTED; a new session after LOST)."""
 
 from __future__ import annotations
 
@@ -23,23 +22,16 @@ __all__ = ["connect", "digest_acls", "zk_errors"]
 _CONNECTION_RETRY: dict[str, Any] = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0}
 
 
-def _auth(cfg: ZkConfig) -> list[tuple[str, str]] | None:
-    return [("digest", cfg.digest)] if cfg.digest else None
-
-
 def _start(hosts: str, cfg: ZkConfig, timeout_s: float) -> KazooClient:
-    client = KazooClient(
-        hosts=hosts, timeout=cfg.session_timeout_s, auth_data=_auth(cfg),
-        connection_retry=dict(_CONNECTION_RETRY),
-    )
+    client = KazooClient(hosts=hosts, timeout=cfg.session_timeout_s, connection_retry=dict(_CONNECTION_RETRY),
+                         auth_data=[("digest", cfg.digest)] if cfg.digest else None)
     try:
         client.start(timeout=timeout_s)
     except KazooTimeoutError as exc:
         client.close()
-        raise ZooKeeperServerError(
-            f"could not connect to ZooKeeper at {cfg.hosts} within {timeout_s:.0f}s: start it "
-            "('deltawheel zk start') or pass the right --zk host:port"
-        ) from exc
+        raise ZooKeeperServerError(f"could not connect to ZooKeeper at {cfg.hosts} within {timeout_s:.0f}s: "
+                                   "start it ('deltawheel zk start') or pass the right --zk host:port"
+                                   ) from exc
     return client
 
 

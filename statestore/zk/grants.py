@@ -10,8 +10,7 @@ Znodes ``intervals/{I}/owner`` (EPHEMERAL) and ``grants/g-N`` (docs/operations.m
 2. One transaction ``check(grant node, version=0)`` + ``set(owner, grant, version=0)`` writes the
    sequencer; the grant is believed only if it succeeds *and* ephemeralOwner is our session.
 
-A restart of the same instance replaces its granted owner znode in phase 1 (docs/fencing.md).
-"""
+A restart of the same instance replaces its granted owner znode in phase 1 (docs/fencing.md)."""
 
 from __future__ import annotations
 
@@ -92,8 +91,8 @@ ZNODE_DAMAGED_HINT = ("; the znode was written by something other than deltawhee
             "docs/coordinator-recovery.md ('Lost ZooKeeper data')")
 
 
-def decode_lease(data: bytes) -> dict[str, Any]:
-    """The JSON object of an owner znode (any format version, pending or granted).
+def decode_lease(data: bytes, what: str = "lease") -> dict[str, Any]:
+    """The JSON object of an owner znode (any format version, pending or granted), or of ``what``'s.
 
     Raises:
         CodecError: not a JSON object.
@@ -101,9 +100,9 @@ def decode_lease(data: bytes) -> dict[str, Any]:
     try:
         raw = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise CodecError(f"lease payload is not JSON: {data[:80]!r}{ZNODE_DAMAGED_HINT}") from exc
+        raise CodecError(f"{what} payload is not JSON: {data[:80]!r}{ZNODE_DAMAGED_HINT}") from exc
     if not isinstance(raw, dict):
-        raise CodecError(f"lease payload is not a JSON object: {data[:80]!r}{ZNODE_DAMAGED_HINT}")
+        raise CodecError(f"{what} payload is not a JSON object: {data[:80]!r}{ZNODE_DAMAGED_HINT}")
     return raw
 
 

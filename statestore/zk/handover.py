@@ -1,8 +1,7 @@
 """Hand-over requests: a tool asks the running owner of some intervals to give them back.
 
 One EPHEMERAL znode per computation: a tool whose session is LOST leaves no request behind; while
-SUSPENDED it stays, and the tool's commit is fenced by its lease sequencers anyway.
-"""
+SUSPENDED it stays, and the tool's commit is fenced by its lease sequencers anyway."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The ZooKeeper layout version: a ``/layout`` znode below the chroot.
 
 ZooKeeper SUSPENDED / LOST: single kazoo calls, neither paused nor retried; a repeat finishes
-what a cut-off call began. A newer layout is refused, never rewritten.
-"""
+what a cut-off call began. A newer layout is refused, never rewritten."""
 
 from __future__ import annotations
 
@@ -34,10 +33,8 @@ def read_zk_layout_version(client: KazooClient) -> int | None:
         if not isinstance(version, int):
             raise TypeError(version)
     except (ValueError, KeyError, TypeError) as exc:
-        raise MigrationError(
-            f"znode {LAYOUT_PATH} does not hold a deltawheel layout version ({data[:80]!r}); "
-            "is this chroot used by another application?"
-        ) from exc
+        raise MigrationError(f"znode {LAYOUT_PATH} does not hold a deltawheel layout version "
+                             f"({data[:80]!r}); is this chroot used by another application?") from exc
     return version
 
 
@@ -68,8 +65,6 @@ def ensure_zk_layout(client: KazooClient) -> list[str]:
 
 def _check(stored: int | None) -> int | None:
     if stored is not None and stored > ZK_LAYOUT_VERSION:
-        raise MigrationError(
-            f"ZooKeeper layout version {stored} is newer than this deltawheel's ({ZK_LAYOUT_VERSION}); "
-            "upgrade deltawheel to use this chroot"
-        )
+        raise MigrationError(f"ZooKeeper layout version {stored} is newer than this deltawheel's "
+                             f"({ZK_LAYOUT_VERSION}); upgrade deltawheel to use this chroot")
     return stored

@@ -1,7 +1,6 @@
 """The operator's tools on leases: show them, break one, and read or raise the sequencer floor.
 
-ZooKeeper SUSPENDED / LOST: plain kazoo calls, neither paused nor retried; each is safe to repeat.
-"""
+ZooKeeper SUSPENDED / LOST: plain kazoo calls, neither paused nor retried; each is safe to repeat."""
 
 from __future__ import annotations
 
@@ -112,8 +111,7 @@ def raise_sequencers(client: KazooClient, *, pipeline: str, computation: str, fl
     """Make every later grant of each interval get a sequencer of at least ``floors[interval]``.
 
     Placeholder children are made until a sequential node reaches ``floor - 1``; it stays, marked
-    ``reseed``. Never lowers. Returns the next sequencer per interval.
-    """
+    ``reseed``. Never lowers. Returns the next sequencer per interval."""
     out: dict[int, int] = {}
     marker = json.dumps({"format_version": LEASE_FORMAT_VERSION, "reseed": True}).encode()
     for iv, floor in sorted(floors.items()):

@@ -3,8 +3,7 @@
 While SUSPENDED the leases are *in doubt*: :meth:`LeaseManager.check_valid` raises
 :class:`LeaseSuspendedError` until every lease is re-verified after the reconnect. When the session
 is LOST every lease is dropped, ``on_lost(grants, reason)`` is called from a separate thread, and
-they raise :class:`LeaseLostError`. docs/coordinator-recovery.md; the grant protocol: ``grants.py``.
-"""
+they raise :class:`LeaseLostError`. docs/coordinator-recovery.md; the grant protocol: ``grants.py``."""
 
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ from ..layout import validate_name
 from .client import zk_errors
 from .grants import HeldGrant, LeaseGrant, decode_lease, interval_path, prune_grants, take_interval
 from .layout import ensure_zk_layout
-from .refusal import DEFAULT_MAX_PAUSE_S, check_refused
+from .refusal import DEFAULT_MAX_PAUSE_S, check_refused, session_timeout_s
 
 __all__ = ["LeaseManager"]
 
@@ -44,8 +43,7 @@ class LeaseManager:
 
     ``owner``: shown to others (e.g. ``host:pid``); ``instance``: the name kept across restarts,
     whose earlier process's leases are taken over at once (``grants.py``); ``on_lost(grants,
-    reason)``: called when leases are lost; ``max_pause_s``: the bound of :meth:`await_valid`.
-    """
+    reason)``: called when leases are lost; ``max_pause_s``: the bound of :meth:`await_valid`."""
 
     def __init__(
         self, client: KazooClient, *, pipeline: str, owner: str, clock: Clock = _SYSTEM_CLOCK,
@@ -390,8 +388,3 @@ def _taken_over(data: bytes, ours: int, instance: str | None) -> str:
                else f" (its grant in progress, ours sequencer {ours})")
             + ("; a newer process with this instance's name took it: a restart, or two processes started with "
                "one instance name" if same else ""))
-
-
-def session_timeout_s(client: KazooClient) -> float:
-    """The session timeout ``client`` asked for, in seconds (kazoo keeps it in ms)."""
-    return float(getattr(client, "_session_timeout", 10_000)) / 1000.0

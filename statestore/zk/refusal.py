@@ -2,8 +2,7 @@
 
 ZooKeeper SUSPENDED / LOST: this acts only while a client is SUSPENDED. A server that lost its data
 refuses a session that has seen a newer zxid and kazoo just stays SUSPENDED; :func:`check_refused`
-then probes with a new session and compares the ensemble's last zxid with the client's.
-"""
+then probes with a new session and compares the ensemble's last zxid with the client's."""
 
 from __future__ import annotations
 
@@ -17,7 +16,8 @@ from kazoo.client import KazooClient, KazooState
 
 from ..exceptions import CoordinatorStateLostError
 
-__all__ = ["DEFAULT_MAX_PAUSE_S", "PROBE_MARGIN_S", "PROBE_EVERY_S", "check_refused", "hosts_of"]
+__all__ = ["DEFAULT_MAX_PAUSE_S", "PROBE_MARGIN_S", "PROBE_EVERY_S", "check_refused", "hosts_of",
+           "session_timeout_s"]
 
 log = logging.getLogger(__name__)
 _PROBE_LOG = logging.getLogger(f"{__name__}.probe")
@@ -53,7 +53,8 @@ def hosts_of(client: KazooClient) -> str:
     return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in client.hosts)
 
 
-def _session_timeout_s(client: KazooClient) -> float:
+def session_timeout_s(client: KazooClient) -> float:
+    """The session timeout ``client`` asked for, in seconds (kazoo keeps it in ms)."""
     return float(getattr(client, "_session_timeout", 10_000)) / 1000.0
 
 
@@ -91,7 +92,7 @@ def check_refused(client: KazooClient, *, paused_s: float, what: str, pipeline: 
             return
         lost = state.lost
         now = time.monotonic()
-        due = now >= state.next_at and (final or paused_s >= _session_timeout_s(client) + PROBE_MARGIN_S)
+        due = now >= state.next_at and (final or paused_s >= session_timeout_s(client) + PROBE_MARGIN_S)
         if lost is None and due:
             state.next_at = now + PROBE_EVERY_S
     if lost is None and due:

@@ -2,8 +2,7 @@
 
 Used on files with Delta deletion vectors (:meth:`~.path.ImagePath.load`, migration 7). The rows
 are read through Spark's Delta reader (``REORG ... APPLY (PURGE)`` fails on this Spark/Delta
-pair) and replaced in one commit that fails if the partitions changed since the version read.
-"""
+pair) and replaced in one commit that fails if the partitions changed since the version read."""
 
 from __future__ import annotations
 

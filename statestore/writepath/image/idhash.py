@@ -15,8 +15,7 @@ def id_hashes(col: Any) -> Any:
     """64-bit hashes of a string column's values (numpy uint64), straight from its buffers.
 
     Little-endian 64-bit words of the zero-padded bytes folded FNV-style, then MurmurHash3's
-    finalizer: stable across processes. :func:`id_hash` is the reference; a null hashes as "".
-    """
+    finalizer: stable across processes. :func:`id_hash` is the reference; a null hashes as ""."""
     import numpy as np
     import pyarrow as pa
 

@@ -2,8 +2,7 @@
 
 The tasks (``executor/tasks/image/``) write new images and productions as Parquet (:mod:`.files`);
 a strong delivery is one append per stream that Delta skips when repeated. Why: docs/performance.md,
-"Write path: interval images".
-"""
+"Write path: interval images"."""
 
 from __future__ import annotations
 
@@ -15,13 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from ...delta.log import commit_infos
 from ...delta.storefs import TableFiles, table_files
-from ...delta.txn import (
-    FileEntry,
-    StaleFilesError,
-    TableLog,
-    decode_path,
-    new_add,
-)
+from ...delta.txn import FileEntry, StaleFilesError, TableLog, decode_path, new_add
 from ...exceptions import CommitConflictError, StaleSequencerError
 from ...layout import StoreLayout
 from ...ownership.owner import IntervalOwner
@@ -30,11 +23,7 @@ from ...rowtable.frames import arrow_schema
 from ...rowtable.store import COMMIT_META_VERSION, raise_if_fenced
 from .. import Recovered, StaleViewError, WritePath
 from ..delivery import deliver_productions
-from ..streams import (
-    STREAM_FORMAT_VERSION,
-    ensure_stream_table,
-    stream_schema_ddl,
-)
+from ..streams import STREAM_FORMAT_VERSION, ensure_stream_table, stream_schema_ddl
 from .beside import Beside
 from .files import is_ids_path, write_production_files
 from .fold import fold_intervals

@@ -2,8 +2,7 @@
 
 :func:`scan` reads the owned intervals' images in the driver on acquisition; a checkpoint not yet
 delivered goes as its commit's own delivery (:func:`resolve` finds the commit) or by insert-only
-MERGE by record id (:class:`Recovery`).
-"""
+MERGE by record id (:class:`Recovery`)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """What the image path's tasks hand to the driver: one summary per interval they ran.
 
 Summaries travel as Arrow rows of :data:`SUMMARY_DDL`; one that is :class:`Fenced` makes the
-driver raise ``StaleViewError``.
-"""
+driver raise ``StaleViewError``."""
 
 from __future__ import annotations
 

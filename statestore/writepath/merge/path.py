@@ -2,8 +2,7 @@
 
 The commit is :meth:`RowStore.commit_frame`'s fenced MERGE; deliveries insert where the record id
 is absent (``delivery.py``). Record ids live in the key rows, so a deduplicating computation whose
-intervals hold ids files is refused (:class:`WritePathSwitchError`) rather than lose its history.
-"""
+intervals hold ids files is refused (:class:`WritePathSwitchError`) rather than lose its history."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Low watermarks (MillWheel sections 3.3 and 5.4), held in ZooKeeper.
 
 ZooKeeper SUSPENDED / LOST: see ``authority.py``. Callers hold :class:`WatermarkAuthority`.
-Terms and znode layout: docs/operations.md, "Watermarks in ZooKeeper".
-"""
+Terms and znode layout: docs/operations.md, "Watermarks in ZooKeeper"."""
 
 from .authority import WatermarkAuthority
 from .codec import WATERMARK_FORMAT_VERSION, read_injector_watermark

@@ -2,8 +2,7 @@
 
 ZooKeeper SUSPENDED / LOST: every call pauses while SUSPENDED (``pause.py``, bounded by
 ``max_pause_s``); a publish under lease sequencers raises :class:`LeaseLostError` after a LOST
-session; :meth:`WatermarkAuthority.last_known` answers without ZooKeeper. Every znode is persistent.
-"""
+session; :meth:`WatermarkAuthority.last_known` answers without ZooKeeper. Every znode is persistent."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ class WatermarkAuthority:
 
     ``max_pause_s``: how long a call waits for a suspended connection (give it the lease manager's).
     Every ZooKeeper call raises :class:`LeaseSuspendedError` when paused longer, and
-    :class:`CodecError` on a damaged payload.
-    """
+    :class:`CodecError` on a damaged payload."""
 
     def __init__(self, client: KazooClient, *, pipeline: str, clock: Clock = _SYSTEM_CLOCK,
                  acls: list[ACL] | None = None, max_pause_s: float | None = DEFAULT_MAX_PAUSE_S) -> None:

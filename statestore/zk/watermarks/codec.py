@@ -3,8 +3,7 @@
 ZooKeeper SUSPENDED / LOST: only :func:`read_injector_watermark` calls ZooKeeper, a single read
 that is neither paused nor retried. A payload of a newer format is refused. An injector's
 watermark, an instance's estimate and a published low watermark never move back; oldest work
-may. A payload of a newer sequencer is never overwritten (:class:`StaleSequencerError`).
-"""
+may. A payload of a newer sequencer is never overwritten (:class:`StaleSequencerError`)."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from kazoo.exceptions import NoNodeError
 from ...clock import Clock
 from ...exceptions import CodecError, StaleSequencerError
 from ...layout import validate_name
-from ..grants import ZNODE_DAMAGED_HINT, interval_path
+from ..grants import decode_lease, interval_path
 from .low import END_OF_TIME, later
 
 __all__ = ["WATERMARK_FORMAT_VERSION", "Raw", "Znodes", "caught_up_payload", "check_ms", "decode", "encode",
@@ -92,12 +91,7 @@ def decode(data: bytes, what: str) -> Raw:
     Raises:
         CodecError: not a JSON object, or another format version.
     """
-    try:
-        raw = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CodecError(f"{what} payload is not JSON: {data[:80]!r}{ZNODE_DAMAGED_HINT}") from exc
-    if not isinstance(raw, dict):
-        raise CodecError(f"{what} payload is not a JSON object: {data[:80]!r}{ZNODE_DAMAGED_HINT}")
+    raw = decode_lease(data, what)
     if raw.get("format_version") != WATERMARK_FORMAT_VERSION:
         raise CodecError(f"{what} payload has format_version {raw.get('format_version')!r}, this "
                          f"deltawheel reads {WATERMARK_FORMAT_VERSION}; upgrade deltawheel")

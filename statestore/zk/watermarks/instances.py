@@ -1,8 +1,7 @@
 """Several job instances reading one injector: each one's estimate, and who still holds it back.
 
 ZooKeeper SUSPENDED / LOST: every call is a round of :class:`.rounds.Rounds`; estimates persist,
-and whether an instance counts is its membership's (``members.py``) and :func:`.low.instances_low`'s.
-"""
+and whether an instance counts is its membership's (``members.py``) and :func:`.low.instances_low`'s."""
 
 from __future__ import annotations
 

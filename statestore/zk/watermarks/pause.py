@@ -2,8 +2,7 @@
 
 ZooKeeper SUSPENDED / LOST: while SUSPENDED a call *pauses* as commits do, up to ``max_pause_s``
 (then :class:`LeaseSuspendedError`); a call cut off by a drop is repeated from its reads. A write
-under lease sequencers whose session was LOST raises :class:`LeaseLostError`.
-"""
+under lease sequencers whose session was LOST raises :class:`LeaseLostError`."""
 
 from __future__ import annotations
 

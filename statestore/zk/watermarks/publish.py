@@ -2,8 +2,7 @@
 
 ZooKeeper SUSPENDED / LOST: as ``pause.py``; a publish whose session was LOST raises
 :class:`LeaseLostError`. The write checks the version of the lease owner znode carrying the
-writer's sequencer; a newer grant or stored sequencer raises :class:`StaleSequencerError`.
-"""
+writer's sequencer; a newer grant or stored sequencer raises :class:`StaleSequencerError`."""
 
 from __future__ import annotations
 

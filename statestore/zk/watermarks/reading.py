@@ -1,8 +1,7 @@
 """Reading the watermarks: the stored values, and the low watermark computed from its inputs.
 
 ZooKeeper SUSPENDED / LOST: each read is paused while SUSPENDED and repeated after a drop; reads
-write nothing. Upstream values count as max(computed, published).
-"""
+write nothing. Upstream values count as max(computed, published)."""
 
 from __future__ import annotations
 

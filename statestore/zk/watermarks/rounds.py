@@ -1,7 +1,6 @@
 """Pipelined reads, then one all-or-nothing transaction, repeated until no concurrent writer got in.
 
-ZooKeeper SUSPENDED / LOST: every round runs through :meth:`.pause.Connection.resilient`.
-"""
+ZooKeeper SUSPENDED / LOST: every round runs through :meth:`.pause.Connection.resilient`."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 ZooKeeper SUSPENDED / LOST: :meth:`LastSeen.last_known` answers without ZooKeeper, flagged
 ``stale`` when not CONNECTED; a published low watermark never moves back, so a stale value is
-only ever too low.
-"""
+only ever too low."""
 
 from __future__ import annotations
 

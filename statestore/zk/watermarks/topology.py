@@ -1,7 +1,6 @@
 """Who feeds whom: a computation's declared inputs and number of key intervals (no ZooKeeper calls).
 
-An upstream is ``'injector:NAME'`` or ``'computation:NAME'``; the graph must have no cycle.
-"""
+An upstream is ``'injector:NAME'`` or ``'computation:NAME'``; the graph must have no cycle."""
 
 from __future__ import annotations
 

@@ -43,7 +43,15 @@ from ..tasks import worker as _worker
 from .inputs import event_bounds, stage_input
 from .pipeline import MoveTiming, Pipeline, RunSummary
 from .querystart import clear_unstarted
-from .wiring import Wiring, injector_hook, migrate_store, open_client_planned, positions_recorder, wire
+from .wiring import (
+    Wiring,
+    injector_hook,
+    migrate_store,
+    open_client_planned,
+    positions_recorder,
+    record_held,
+    wire,
+)
 
 if TYPE_CHECKING:
     from deltawheel.gc.background import BackgroundGc
@@ -251,14 +259,20 @@ class PipelineRunner:
             return ex
         ex.start(wait_s=wait_s)
         self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")
+        # what this instance held before (a restart's earlier run) stays released until caught up
+        self._let_go(comp)
         self._catch_up(ex)
-        if self.instance is not None:
-            # the intervals' input is caught up: an instance that held them before and is gone stops
-            # holding the injectors' watermarks back; this one holds them back if lost from here on
-            authority.record_caught_up(comp.name, owner.sequencers)
-            for inj in feeding:
-                authority.record_held(inj.name, self.instance, {comp.name: owner.sequencers})
+        # the intervals' input is caught up: an instance that held them before and is gone stops
+        # holding the injectors' watermarks back; this one holds them back if lost from here on
+        authority.record_caught_up(comp.name, owner.sequencers)
+        record_held(authority, feeding, instance=self.instance, computation=comp.name, sequencers=owner.sequencers)
         return ex
+
+    def _let_go(self, comp: Computation) -> None:
+        """Record that this instance holds no interval of ``comp`` now: those it held stay released at
+        its estimate now, where it stopped processing them, until a later owner caught up on them."""
+        record_held(self._wiring.authority, [i for i in self.pipeline.injectors if i.name in comp.inputs],
+                    instance=str(self.instance), computation=comp.name, sequencers={})
 
     def _rebalance(self, comp: Computation, execs: dict[str, ComputationExecutor | None]) -> None:
         """Between batches: hold the free intervals the target gives this instance (``members.py``:
@@ -281,6 +295,7 @@ class PipelineRunner:
         t0 = time.monotonic()
         if ex is not None:
             ex.stop()  # settles its delivery, then gives every lease back
+            self._let_go(comp)
             self._done_reports[comp.name] += ex.reports
             execs[comp.name] = None
         if not new:

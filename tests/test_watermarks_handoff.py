@@ -7,7 +7,7 @@ payload update and the watermark rule (``codec.instance_update``, ``low.instance
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,29 +26,22 @@ P = "p"
 
 
 @pytest.fixture
-def clients(zk_config: ZkConfig) -> Iterator[Callable[[], KazooClient]]:
-    made: list[KazooClient] = []
-
-    def make() -> KazooClient:
-        made.append(connect(zk_config))
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.stop()
-        c.close()
+def client(zk_config: ZkConfig) -> Iterator[KazooClient]:
+    """One session for the authority and the member znodes (a member leaves by deleting its own)."""
+    c = connect(zk_config)
+    yield c
+    c.stop()
+    c.close()
 
 
 @pytest.mark.zk
 @pytest.mark.timeout(60)
-def test_intervals_let_go_hold_the_injector_through_a_takers_death_until_one_caught_up(
-        clients: Callable[[], KazooClient]) -> None:
+def test_intervals_let_go_hold_the_injector_through_a_takers_death_until_one_caught_up(client: KazooClient) -> None:
     """b holds intervals 0 and 1 of C and restarts with interval 1 only; its estimate goes on with
     its reading, but interval 0's records past where b let go are processed by nobody: a takes it
     and dies in its catch-up (no catch-up recorded), then b takes it back and catches up."""
-    client = clients()
     wm = WatermarkAuthority(client, pipeline=P, clock=ManualClock(10_000))
-    a, b = Membership(clients(), pipeline=P, instance="a"), Membership(clients(), pipeline=P, instance="b")
+    a, b = Membership(client, pipeline=P, instance="a"), Membership(client, pipeline=P, instance="b")
     a.join()
     b.join()
     wm.publish_instance_injector("src", "a", 9_000, held={"C": {}})  # a's own reading is far ahead
@@ -73,10 +66,9 @@ def test_intervals_let_go_hold_the_injector_through_a_takers_death_until_one_cau
 
 @pytest.mark.zk
 @pytest.mark.timeout(60)
-def test_a_record_without_releases_reads_and_updates_as_before(clients: Callable[[], KazooClient]) -> None:
+def test_a_record_without_releases_reads_and_updates_as_before(client: KazooClient) -> None:
     """A gone instance's estimate stored without a ``released`` field counts while its intervals are
     not caught up; updating it writes no ``released`` until an interval is let go of."""
-    client = clients()
     wm = WatermarkAuthority(client, pipeline=P, clock=ManualClock(10_000))
     base = Znodes(P).instances("src")
     client.create(f"{base}/old", json.dumps({"format_version": 1, "sequencer": 0, "watermark_ms": 1_500,

@@ -18,13 +18,12 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.jvm import require_classic_session
 from deltawheel.statestore.exceptions import DeltaWheelError, LeaseHeldError
 from deltawheel.statestore.layout import StoreLayout, validate_name
-from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.zk.client import digest_acls
 from deltawheel.statestore.zk.handover import read_handover
 from deltawheel.statestore.zk.lease_tools import list_leases
@@ -235,7 +234,8 @@ class PipelineRunner:
         injectors = {i.name: i for i in p.injectors}
         feeding = [injectors[s] for s in comp.inputs if s in injectors]
         owner = wiring.owner(comp)
-        hook = self._injector_hook(authority, feeding, self._checkpoint(comp), comp.name, owner) if feeding else None
+        caught: dict[int, int] = {}  # what its estimates record as held: the intervals once caught up on
+        hook = self._injector_hook(authority, feeding, self._checkpoint(comp), comp.name, caught) if feeding else None
         shared = positions = None
         if self.instance is not None:  # instances share the intervals: positions per input file
             from deltawheel.statestore.delta.storefs import files_resolver
@@ -265,6 +265,7 @@ class PipelineRunner:
         # the intervals' input is caught up: an instance that held them before and is gone stops
         # holding the injectors' watermarks back; this one holds them back if lost from here on
         authority.record_caught_up(comp.name, owner.sequencers)
+        caught.update(owner.sequencers)
         record_held(authority, feeding, instance=self.instance, computation=comp.name, sequencers=owner.sequencers)
         return ex
 
@@ -374,10 +375,12 @@ class PipelineRunner:
             raise first
 
     def _injector_hook(self, authority: WatermarkAuthority, feeding: Sequence[Injector], checkpoint: str,
-                       computation: str, owner: IntervalOwner) -> Callable[[int | None, int | None], None]:
-        # instances: each publishes its own estimate, the injector's is the live instances' minimum
+                       computation: str, caught: Mapping[int, int]) -> Callable[[int | None, int | None], None]:
+        # instances: each publishes its own estimate, the injector's is the live instances' minimum; the
+        # intervals it records as held are those caught up on (a catch-up batch's estimate holds none:
+        # what it let go of at its start stays released until then)
         return injector_hook(authority, feeding, checkpoint=checkpoint, instance=self.instance,
-                             held=None if self.instance is None else lambda: {computation: owner.sequencers})
+                             held=None if self.instance is None else lambda: {computation: dict(caught)})
 
     def _consume(self, comp: Computation, ex: ComputationExecutor) -> int:
         """One availableNow query over the computation's inputs; returns records consumed."""

@@ -183,8 +183,9 @@ class Sharing:
         injectors = {i.name: i for i in p.injectors}
         feeding = [injectors[s] for s in comp.inputs if s in injectors]
         owner = wiring.owner(comp)
+        caught: dict[int, int] = {}  # what its estimates record as held: the intervals once caught up on
         hook = injector_hook(wiring.authority, feeding, checkpoint=checkpoint, instance=self.instance,
-                             held=lambda: {comp.name: owner.sequencers}) if feeding else None
+                             held=lambda: {comp.name: dict(caught)}) if feeding else None
         shared = self._shared(comp, checkpoint)
         ex = wiring.executor(self.spark, self.layout, comp, owner=owner, upstream=p.upstream(comp),
                              on_batch_end=hook, progress=self.progress, write_path=self.write_path,
@@ -202,6 +203,7 @@ class Sharing:
                 ex.catch_up(shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
             # caught up: a gone earlier holder no longer holds the injectors' watermarks back
             wiring.authority.record_caught_up(comp.name, owner.sequencers)
+            caught.update(owner.sequencers)
             record_held(wiring.authority, feeding, instance=self.instance, computation=comp.name,
                         sequencers=owner.sequencers)
         except BaseException:

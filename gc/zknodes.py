@@ -17,7 +17,7 @@ from typing import Any
 from deltawheel.statestore.zk.binding import store_path
 from deltawheel.statestore.zk.members import live_members
 from deltawheel.statestore.zk.watermarks.codec import Znodes, decode
-from deltawheel.statestore.zk.watermarks.low import handing_off
+from deltawheel.statestore.zk.watermarks.low import holds_back
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoNodeError, NotEmptyError
 
@@ -87,8 +87,9 @@ def _gone_instances(client: KazooClient, pipeline: str, *, apply: bool) -> int:
                 data, stat = client.get(f"{base}/{name}")
             except NoNodeError:
                 continue
-            held = decode(data, f"{base}/{name}").get("held") or {}
-            if handing_off(held, _caught_up(client, znodes, set(held))):
+            raw = decode(data, f"{base}/{name}")
+            comps = {*(raw.get("held") or {}), *(raw.get("released") or {})}
+            if holds_back(raw, _caught_up(client, znodes, comps)):
                 continue  # its unread records of an interval are not caught up by a later owner yet
             if apply:
                 try:

@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.jvm import require_classic_session
 from deltawheel.statestore.exceptions import DeltaWheelError, LeaseHeldError
 from deltawheel.statestore.layout import StoreLayout, validate_name
-from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.zk.client import digest_acls
 from deltawheel.statestore.zk.handover import read_handover
 from deltawheel.statestore.zk.lease_tools import list_leases
@@ -36,7 +35,15 @@ from ..tasks import worker as _worker
 from .inputs import event_bounds, stage_input
 from .pipeline import MoveTiming, Pipeline, RunSummary
 from .querystart import clear_unstarted
-from .wiring import Wiring, injector_hook, migrate_store, open_client_planned, positions_recorder, wire
+from .wiring import (
+    Wiring,
+    injector_hook,
+    migrate_store,
+    open_client_planned,
+    positions_recorder,
+    record_held,
+    wire,
+)
 
 if TYPE_CHECKING:
     from deltawheel.gc.background import BackgroundGc
@@ -208,7 +215,8 @@ class PipelineRunner:
         injectors = {i.name: i for i in p.injectors}
         feeding = [injectors[s] for s in comp.inputs if s in injectors]
         owner = wiring.owner(comp)
-        hook = self._injector_hook(authority, feeding, self._checkpoint(comp), comp.name, owner) if feeding else None
+        caught: dict[int, int] = {}  # what its estimates record as held: the intervals once caught up on
+        hook = self._injector_hook(authority, feeding, self._checkpoint(comp), comp.name, caught) if feeding else None
         shared = positions = None
         if self.instance is not None:  # instances share the intervals: positions per input file
             from deltawheel.statestore.delta.storefs import files_resolver
@@ -231,13 +239,20 @@ class PipelineRunner:
             return ex
         ex.start(wait_s=wait_s)
         self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")
+        # what this instance held before (a restart's earlier run) stays released until caught up
+        self._let_go(comp)
         self._catch_up(ex)
-        if self.instance is not None:
-            # caught up: the watermark hold moves from the intervals' former holder to this one
-            authority.record_caught_up(comp.name, owner.sequencers)
-            for inj in feeding:
-                authority.record_held(inj.name, self.instance, {comp.name: owner.sequencers})
+        # caught up: the watermark hold moves from the intervals' former holder to this one
+        authority.record_caught_up(comp.name, owner.sequencers)
+        caught.update(owner.sequencers)
+        record_held(authority, feeding, instance=self.instance, computation=comp.name, sequencers=owner.sequencers)
         return ex
+
+    def _let_go(self, comp: Computation) -> None:
+        """Record that this instance holds no interval of ``comp`` now: those it held stay released at
+        its estimate now, where it stopped processing them, until a later owner caught up on them."""
+        record_held(self._wiring.authority, [i for i in self.pipeline.injectors if i.name in comp.inputs],
+                    instance=str(self.instance), computation=comp.name, sequencers={})
 
     def _rebalance(self, comp: Computation, execs: dict[str, ComputationExecutor | None]) -> None:
         """Between batches: take the free intervals the target gives this instance (``members.py``),
@@ -258,6 +273,7 @@ class PipelineRunner:
         t0 = time.monotonic()
         if ex is not None:
             ex.stop()  # settles its delivery, then gives every lease back
+            self._let_go(comp)
             self._done_reports[comp.name] += ex.reports
             execs[comp.name] = None
         if not new:
@@ -333,10 +349,12 @@ class PipelineRunner:
             raise first
 
     def _injector_hook(self, authority: WatermarkAuthority, feeding: Sequence[Injector], checkpoint: str,
-                       computation: str, owner: IntervalOwner) -> Callable[[int | None, int | None], None]:
-        # instances: each publishes its own estimate, the injector's is the live instances' minimum
+                       computation: str, caught: Mapping[int, int]) -> Callable[[int | None, int | None], None]:
+        # instances: each publishes its own estimate, the injector's is the live instances' minimum; the
+        # intervals it records as held are those caught up on (a catch-up batch's estimate holds none:
+        # what it let go of at its start stays released until then)
         return injector_hook(authority, feeding, checkpoint=checkpoint, instance=self.instance,
-                             held=None if self.instance is None else lambda: {computation: owner.sequencers})
+                             held=None if self.instance is None else lambda: {computation: dict(caught)})
 
     def _consume(self, comp: Computation, ex: ComputationExecutor) -> int:
         """One availableNow query over the computation's inputs; returns records consumed."""

@@ -16,7 +16,7 @@ from ..protocol.executor import ComputationExecutor
 from ..protocol.rescale import CATCH_UP_BATCH, SharedInput, shared_input
 from .inputs import event_bounds
 from .pipeline import MoveTiming, Pipeline
-from .wiring import Wiring, injector_hook
+from .wiring import Wiring, injector_hook, record_held
 
 __all__ = ["Sharing", "LOOK_AGAIN_S"]
 
@@ -132,6 +132,7 @@ class Sharing:
         t0 = time.monotonic()
         if ex is not None:
             ex.stop()  # settles its delivery, then gives every lease back
+            self._let_go(comp)
         if not new:
             self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
             return None, True
@@ -161,6 +162,16 @@ class Sharing:
         return shared_input(comp, {i.name: i for i in self.pipeline.injectors}, table_of=self.layout.stream,
                             checkpoint=checkpoint, files_of=None if self.layout.is_local else files_resolver(self.spark))
 
+    def _feeding(self, comp: Computation) -> list[Any]:
+        """The injectors feeding ``comp``."""
+        return [i for i in self.pipeline.injectors if i.name in comp.inputs]
+
+    def _let_go(self, comp: Computation) -> None:
+        """Record that this instance holds no interval of ``comp`` now: those it held stay released at
+        its estimate now, where it stopped processing them, until a later owner caught up on them."""
+        record_held(self.wiring.authority, self._feeding(comp), instance=self.instance, computation=comp.name,
+                    sequencers={})
+
     def _executor(self, comp: Computation, checkpoint: str, intervals: Sequence[int], *, wait_s: float,
                   caps: Mapping[str, int | None], hold: int | None) -> ComputationExecutor:
         """An executor of ``comp`` on ``intervals``, caught up on what earlier owners did not process."""
@@ -168,8 +179,9 @@ class Sharing:
         injectors = {i.name: i for i in p.injectors}
         feeding = [injectors[s] for s in comp.inputs if s in injectors]
         owner = wiring.owner(comp)
+        caught: dict[int, int] = {}  # what its estimates record as held: the intervals once caught up on
         hook = injector_hook(wiring.authority, feeding, checkpoint=checkpoint, instance=self.instance,
-                             held=lambda: {comp.name: owner.sequencers}) if feeding else None
+                             held=lambda: {comp.name: dict(caught)}) if feeding else None
         shared = self._shared(comp, checkpoint)
         ex = wiring.executor(self.spark, self.layout, comp, owner=owner, upstream=p.upstream(comp),
                              on_batch_end=hook, progress=self.progress, write_path=self.write_path,
@@ -178,6 +190,8 @@ class Sharing:
         ex.start(wait_s=wait_s)
         self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")
         try:
+            # what this instance held before (a restart's earlier run) stays released until caught up
+            self._let_go(comp)
             files = shared.missing(ex.owner.intervals)
             if files:
                 self.progress(f"{comp.name}: catching up on {len(files)} input files for intervals taken over")
@@ -185,8 +199,9 @@ class Sharing:
                 ex.catch_up(shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
             # caught up: a gone earlier holder no longer holds the injectors' watermarks back
             wiring.authority.record_caught_up(comp.name, owner.sequencers)
-            for inj in feeding:
-                wiring.authority.record_held(inj.name, self.instance, {comp.name: owner.sequencers})
+            caught.update(owner.sequencers)
+            record_held(wiring.authority, feeding, instance=self.instance, computation=comp.name,
+                        sequencers=owner.sequencers)
         except BaseException:
             ex.stop()
             raise

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["positions_recorder", "Wiring", "wire", "owner_of", "executor_of", "recovery_owner", "open_client",
            "open_client_planned", "migrate_store",
-           "injector_hook", "watermark_reader"]
+           "injector_hook", "record_held", "watermark_reader"]
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,17 @@ def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *,
         ConfigError: an injector estimates from its pending files (``watermark_percentile``) and no
             query ``checkpoint`` (whose file log says what was read) is given."""
     return InjectorHook(authority, feeding, checkpoint=checkpoint, instance=instance, held=held)
+
+
+def record_held(authority: WatermarkAuthority, feeding: Sequence[Injector], *, instance: str, computation: str,
+                sequencers: Mapping[int, int]) -> None:
+    """Record beside ``instance``'s estimate of each injector in ``feeding`` the intervals of
+    ``computation`` it holds now (interval -> lease sequencer; ``{}``: none). Those it held before
+    and holds no longer are kept as released at its estimate now (where it stopped processing
+    them): they hold the injector's watermark back until a later owner caught up on them
+    (``statestore/zk/watermarks/low.py``, ``instances_low``)."""
+    for inj in feeding:
+        authority.record_held(inj.name, instance, {computation: dict(sequencers)})
 
 
 def watermark_reader(client: Any, *, pipeline: str) -> WatermarkAuthority:

@@ -154,7 +154,13 @@ def injector_payload(what: str, old: Raw | None, watermark_ms: int, sequencer: i
 
 def instance_update(what: str, instance: str, watermark_ms: int | None, *, sequencer: int,
                     held: Mapping[str, Mapping[int, int]] | None, clock: Clock) -> Callable[[Raw | None], bytes | None]:
-    """The compare-and-set update of an instance's estimate and held intervals (``None`` keeps either)."""
+    """The compare-and-set update of an instance's estimate and held intervals (``None`` keeps either).
+
+    An interval that ``held`` no longer lists under the sequencer stored for it is *released*:
+    kept beside the estimate with that sequencer and the estimate stored before this update (the
+    position where the instance stopped processing it), until the instance holds it again under
+    a newer sequencer (:func:`.low.releasing`).
+    """
     def update(old: Raw | None) -> bytes | None:
         if old is not None and int(old["sequencer"]) > sequencer:
             raise StaleSequencerError(f"{what}: stored sequencer {old['sequencer']} is newer than ours "
@@ -162,15 +168,39 @@ def instance_update(what: str, instance: str, watermark_ms: int | None, *, seque
                                       "stop this one")
         before = None if old is None else old.get("watermark_ms")
         value = later(None if before is None else int(before), watermark_ms)
-        now_held = dict(old.get("held") or {}) if old is not None else {}
+        old_held: Raw = dict(old.get("held") or {}) if old is not None else {}
+        old_released: Raw = dict(old.get("released") or {}) if old is not None else {}
+        now_held, released = dict(old_held), dict(old_released)
         if held is not None:
-            now_held.update({c: {str(i): int(s) for i, s in ivs.items()} for c, ivs in held.items()})
-        if old is not None and (value, sequencer, now_held) == (before, int(old["sequencer"]),
-                                                                old.get("held") or {}):
+            for comp, ivs in held.items():
+                now = now_held[comp] = {str(i): int(s) for i, s in ivs.items()}
+                released[comp] = _released(old_held.get(comp) or {}, old_released.get(comp) or {}, now,
+                                           None if before is None else int(before))
+            released = {c: r for c, r in released.items() if r}
+        if old is not None and (value, sequencer, now_held, released) == (
+                before, int(old["sequencer"]), old_held, old_released):
             return None
-        return encode({"sequencer": sequencer, "watermark_ms": value, "published_ms": clock.now_ms(),
-                       "held": now_held})
+        fields: Raw = {"sequencer": sequencer, "watermark_ms": value, "published_ms": clock.now_ms(), "held": now_held}
+        if released:  # (absent: none, as in a payload written before releases were kept)
+            fields["released"] = released
+        return encode(fields)
     return update
+
+
+def _released(old: Mapping[str, int], released: Mapping[str, Raw], now: Mapping[str, int],
+              position: int | None) -> dict[str, Raw]:
+    """One computation's released intervals after ``old`` held ones became ``now``.
+
+    >>> _released({"0": 4, "1": 4}, {}, {"1": 6}, 900)
+    {'0': {'sequencer': 4, 'watermark_ms': 900}}
+    >>> _released({"1": 6}, {"0": {"sequencer": 4, "watermark_ms": 900}}, {"0": 7, "1": 6}, 950)
+    {}
+    >>> _released({"0": 4}, {}, {"0": 7}, 950)  # held again under a newer sequencer: not released
+    {}
+    """
+    out = {i: dict(r) for i, r in released.items()}
+    out.update({i: {"sequencer": int(seq), "watermark_ms": position} for i, seq in old.items() if now.get(i) != int(seq)})
+    return {i: r for i, r in out.items() if not (i in now and int(now[i]) > int(r["sequencer"]))}
 
 
 def caught_up_payload(old: Raw | None, sequencer: int, *, clock: Clock) -> bytes | None:

@@ -11,7 +11,7 @@ from ...clock import Clock
 from ...layout import validate_name
 from ..members import live_members
 from .codec import Raw, Znodes, caught_up_payload, check_ms, decode, instance_update
-from .low import gone_holdings, instances_low
+from .low import instances_low, watched
 from .pause import zk_call
 from .rounds import Rounds, got
 
@@ -48,8 +48,7 @@ class Instances:
                 pending = {n: client.get_async(f"{base}/{n}") for n in sorted(names)}
                 stored = {n: None if (data := got(res)[0]) is None else decode(data, what)
                           for n, res in pending.items()}
-                left = gone_holdings(stored, live=live)
-                caught = self._caught_up({c for held in left.values() for c in held})
+                caught = self._caught_up(watched(stored, live=live))
                 return instances_low(stored, live=live, caught=caught)
 
         return self._rounds.connection.resilient(what, estimate)  # type: ignore[no-any-return]

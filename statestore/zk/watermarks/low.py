@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["END_OF_TIME", "gone_holdings", "handing_off", "instances_low", "later", "low_watermark", "lowest", "work_value"]
+__all__ = ["END_OF_TIME", "handing_off", "holds_back", "instances_low", "later", "low_watermark", "lowest", "releasing",
+           "watched", "work_value"]
 
 END_OF_TIME = 2**63 - 1
 """The watermark of a finished input: every event time is behind it."""
@@ -67,26 +68,67 @@ def handing_off(held: Mapping[str, Mapping[str, int]], caught: Mapping[str, Mapp
                for comp, ivs in held.items() for i, seq in ivs.items())
 
 
-def gone_holdings(stored: Mapping[str, Mapping[str, Any] | None], *, live: Iterable[str]) -> dict[str, Any]:
-    """Instance -> the intervals it held, for the instances that are gone and have a stored estimate.
+def releasing(released: Mapping[str, Mapping[str, Mapping[str, Any]]],
+              caught: Mapping[str, Mapping[int, int]]) -> list[int | None]:
+    """The positions at which an instance let go of intervals no later owner caught up on yet.
 
-    >>> gone_holdings({"a": {"held": {"c": {"0": 4}}}, "b": {}}, live=["b"])
-    {'a': {'c': {'0': 4}}}
+    ``released``: computation -> interval -> {sequencer, watermark_ms} (``codec.instance_update``).
+
+    >>> rel = {"c": {"0": {"sequencer": 4, "watermark_ms": 900}, "1": {"sequencer": 4, "watermark_ms": 900}}}
+    >>> releasing(rel, {"c": {0: 5}}), releasing(rel, {"c": {0: 5, 1: 6}})
+    ([900], [])
+    """
+    return [None if r.get("watermark_ms") is None else int(r["watermark_ms"])
+            for comp, ivs in released.items() for i, r in ivs.items()
+            if caught.get(comp, {}).get(int(i), -1) <= int(r["sequencer"])]
+
+
+def watched(stored: Mapping[str, Mapping[str, Any] | None], *, live: Iterable[str]) -> set[str]:
+    """The computations whose caught-up records :func:`instances_low` needs: those of the intervals
+    gone instances held and of the intervals any instance released.
+
+    >>> sorted(watched({"a": {"held": {"c": {}}}, "b": {"held": {"d": {}}, "released": {"e": {}}}}, live=["b"]))
+    ['c', 'e']
     """
     live = set(live)
-    return {n: raw.get("held") or {} for n, raw in stored.items() if n not in live and raw is not None}
+    return {c for n, raw in stored.items() if raw is not None
+            for c in [*(raw.get("held") or {} if n not in live else ()), *(raw.get("released") or {})]}
+
+
+def holds_back(raw: Mapping[str, Any], caught: Mapping[str, Mapping[int, int]]) -> bool:
+    """Whether a gone instance's stored estimate ``raw`` still holds its injector's watermark back.
+
+    >>> holds_back({"held": {}, "released": {"c": {"0": {"sequencer": 4, "watermark_ms": 9}}}}, {})
+    True
+    """
+    return handing_off(raw.get("held") or {}, caught) or bool(releasing(raw.get("released") or {}, caught))
 
 
 def instances_low(stored: Mapping[str, Mapping[str, Any] | None], *, live: Iterable[str],
                   caught: Mapping[str, Mapping[int, int]]) -> int | None:
-    """An injector's watermark: the lowest estimate of the live instances and those :func:`handing_off`.
+    """An injector's watermark: the lowest estimate of the live instances and those :func:`handing_off`,
+    and the positions of the intervals instances released and no later owner caught up on.
+
+    A live instance's estimate goes on with its reading past the records of the intervals it let go
+    of (a rebalance, a restart with a smaller share); a taker that dies in its catch-up records no
+    catch-up, so the release keeps holding until a later one does.
 
     >>> instances_low({"a": {"watermark_ms": 5}, "b": {"watermark_ms": 2, "held": {}}}, live=["a"], caught={})
     5
     >>> instances_low({"a": {"watermark_ms": 5}, "b": None}, live=["a", "b"], caught={}) is None
     True
+    >>> instances_low({"a": {"watermark_ms": 5, "released": {"c": {"0": {"sequencer": 1, "watermark_ms": 3}}}}},
+    ...               live=["a"], caught={"c": {0: 1}})
+    3
     """
     live = set(live)
-    left = gone_holdings(stored, live=live)
-    return lowest([None if raw is None or raw.get("watermark_ms") is None else int(raw["watermark_ms"])
-                   for n, raw in stored.items() if n in live or handing_off(left[n], caught)])
+    values: list[int | None] = []
+    for n, raw in stored.items():
+        if raw is None:
+            if n in live:
+                values.append(None)  # a live member that has published nothing yet holds it
+            continue
+        if n in live or handing_off(raw.get("held") or {}, caught):
+            values.append(None if raw.get("watermark_ms") is None else int(raw["watermark_ms"]))
+        values += releasing(raw.get("released") or {}, caught)
+    return lowest(values)

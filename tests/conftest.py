@@ -21,11 +21,6 @@ os.environ.setdefault("DELTAWHEEL_JARS_DIR", str(Path.home() / ".cache" / "delta
 # every server a test starts (ZooKeeper, S3Proxy, Kafka, a Spark cluster), here or in a subprocess,
 # is stopped by a watchdog once this run is gone, even when it was SIGKILLed (statestore/process.py)
 os.environ.setdefault("DELTAWHEEL_SERVERS_DIE_WITH", str(os.getpid()))
-# the Spark JVMs of a test run (the shared session's, every subprocess driver's, a standalone cluster's
-# daemons) live seconds to minutes on tiny batches: compiled by C1 only, as the servers' JVMs are, they
-# spend about a third less CPU (most of a short JVM's CPU goes to C2 compiling code it then leaves)
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
-os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1")
 
 
 def free_port() -> int:

@@ -240,19 +240,13 @@ class PipelineRunner:
         ex.start(wait_s=wait_s)
         self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")
         # what this instance held before (a restart's earlier run) stays released until caught up
-        self._let_go(comp)
+        record_held(authority, feeding, instance=self.instance, comp=comp, sequencers={})
         self._catch_up(ex)
         # caught up: the watermark hold moves from the intervals' former holder to this one
         authority.record_caught_up(comp.name, owner.sequencers)
         caught.update(owner.sequencers)
-        record_held(authority, feeding, instance=self.instance, computation=comp.name, sequencers=owner.sequencers)
+        record_held(authority, feeding, instance=self.instance, comp=comp, sequencers=owner.sequencers)
         return ex
-
-    def _let_go(self, comp: Computation) -> None:
-        """Record that this instance holds no interval of ``comp`` now: those it held stay released at
-        its estimate now, where it stopped processing them, until a later owner caught up on them."""
-        record_held(self._wiring.authority, [i for i in self.pipeline.injectors if i.name in comp.inputs],
-                    instance=str(self.instance), computation=comp.name, sequencers={})
 
     def _rebalance(self, comp: Computation, execs: dict[str, ComputationExecutor | None]) -> None:
         """Between batches: take the free intervals the target gives this instance (``members.py``),
@@ -273,7 +267,8 @@ class PipelineRunner:
         t0 = time.monotonic()
         if ex is not None:
             ex.stop()  # settles its delivery, then gives every lease back
-            self._let_go(comp)
+            record_held(self._wiring.authority, self.pipeline.injectors, instance=str(self.instance), comp=comp,
+                        sequencers={})
             self._done_reports[comp.name] += ex.reports
             execs[comp.name] = None
         if not new:

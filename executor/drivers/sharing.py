@@ -132,7 +132,8 @@ class Sharing:
         t0 = time.monotonic()
         if ex is not None:
             ex.stop()  # settles its delivery, then gives every lease back
-            self._let_go(comp)
+            record_held(self.wiring.authority, self.pipeline.injectors, instance=self.instance, comp=comp,
+                        sequencers={})
         if not new:
             self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
             return None, True
@@ -162,16 +163,6 @@ class Sharing:
         return shared_input(comp, {i.name: i for i in self.pipeline.injectors}, table_of=self.layout.stream,
                             checkpoint=checkpoint, files_of=None if self.layout.is_local else files_resolver(self.spark))
 
-    def _feeding(self, comp: Computation) -> list[Any]:
-        """The injectors feeding ``comp``."""
-        return [i for i in self.pipeline.injectors if i.name in comp.inputs]
-
-    def _let_go(self, comp: Computation) -> None:
-        """Record that this instance holds no interval of ``comp`` now: those it held stay released at
-        its estimate now, where it stopped processing them, until a later owner caught up on them."""
-        record_held(self.wiring.authority, self._feeding(comp), instance=self.instance, computation=comp.name,
-                    sequencers={})
-
     def _executor(self, comp: Computation, checkpoint: str, intervals: Sequence[int], *, wait_s: float,
                   caps: Mapping[str, int | None], hold: int | None) -> ComputationExecutor:
         """An executor of ``comp`` on ``intervals``, caught up on what earlier owners did not process."""
@@ -191,7 +182,7 @@ class Sharing:
         self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")
         try:
             # what this instance held before (a restart's earlier run) stays released until caught up
-            self._let_go(comp)
+            record_held(wiring.authority, feeding, instance=self.instance, comp=comp, sequencers={})
             files = shared.missing(ex.owner.intervals)
             if files:
                 self.progress(f"{comp.name}: catching up on {len(files)} input files for intervals taken over")
@@ -200,8 +191,7 @@ class Sharing:
             # caught up: a gone earlier holder no longer holds the injectors' watermarks back
             wiring.authority.record_caught_up(comp.name, owner.sequencers)
             caught.update(owner.sequencers)
-            record_held(wiring.authority, feeding, instance=self.instance, computation=comp.name,
-                        sequencers=owner.sequencers)
+            record_held(wiring.authority, feeding, instance=self.instance, comp=comp, sequencers=owner.sequencers)
         except BaseException:
             ex.stop()
             raise

@@ -161,15 +161,16 @@ def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *,
     return InjectorHook(authority, feeding, checkpoint=checkpoint, instance=instance, held=held)
 
 
-def record_held(authority: WatermarkAuthority, feeding: Sequence[Injector], *, instance: str, computation: str,
+def record_held(authority: WatermarkAuthority, injectors: Sequence[Injector], *, instance: str, comp: Computation,
                 sequencers: Mapping[int, int]) -> None:
-    """Record beside ``instance``'s estimate of each injector in ``feeding`` the intervals of
-    ``computation`` it holds now (interval -> lease sequencer; ``{}``: none). Those it held before
+    """Record beside ``instance``'s estimate of each of ``injectors`` feeding ``comp`` the intervals
+    it holds now (interval -> lease sequencer; ``{}``: none, as after a stop). Those it held before
     and holds no longer are kept as released at its estimate now (where it stopped processing
     them): they hold the injector's watermark back until a later owner caught up on them
     (``statestore/zk/watermarks/low.py``, ``instances_low``)."""
-    for inj in feeding:
-        authority.record_held(inj.name, instance, {computation: dict(sequencers)})
+    for inj in injectors:
+        if inj.name in comp.inputs:
+            authority.record_held(inj.name, instance, {comp.name: dict(sequencers)})
 
 
 def watermark_reader(client: Any, *, pipeline: str) -> WatermarkAuthority:

@@ -66,6 +66,24 @@ def test_intervals_let_go_hold_the_injector_through_a_takers_death_until_one_cau
 
 @pytest.mark.zk
 @pytest.mark.timeout(60)
+def test_the_catch_up_that_clears_a_release_moves_the_injector_on_without_more_input(client: KazooClient) -> None:
+    """Once the input has ended no batch publishes an estimate again: recording the new owner's
+    caught-up intervals must itself let the injector's watermark pass where b let go."""
+    wm = WatermarkAuthority(client, pipeline=P, clock=ManualClock(10_000))
+    a, b = Membership(client, pipeline=P, instance="a"), Membership(client, pipeline=P, instance="b")
+    a.join()
+    b.join()
+    wm.publish_instance_injector("src", "a", 9_000, held={"C": {}})
+    wm.publish_instance_injector("src", "b", 3_000, held={"C": {0: 5}})
+    wm.record_held("src", "b", {"C": {}})  # b lets interval 0 go at 3,000 and reads to the end
+    assert wm.publish_instance_injector("src", "b", 9_000, held={"C": {}}) == 3_000
+    wm.record_caught_up("C", {0: 6})  # a took interval 0 and caught up on it
+    wm.record_held("src", "a", {"C": {0: 6}})
+    assert wm.injector_watermark("src") == 9_000
+
+
+@pytest.mark.zk
+@pytest.mark.timeout(60)
 def test_a_record_without_releases_reads_and_updates_as_before(client: KazooClient) -> None:
     """A gone instance's estimate stored without a ``released`` field counts while its intervals are
     not caught up; updating it writes no ``released`` until an interval is let go of."""

@@ -206,8 +206,12 @@ class WatermarkAuthority:
 
     def record_held(self, injector: str, instance: str, held: Mapping[str, Mapping[int, int]], *,
                     sequencer: int = 0) -> None:
-        """Record the intervals ``instance`` holds beside its estimate of ``injector``, publishing none."""
-        self._instances.record_held(injector, instance, held, sequencer=sequencer)
+        """Record the intervals ``instance`` holds beside its estimate of ``injector``, then publish the
+        injector's watermark from the stored estimates: a release a catch-up cleared lets it move on
+        at once, not at the next batch with input (an input that has ended has none)."""
+        low = self._instances.record_held(injector, instance, held, sequencer=sequencer)
+        if low is not None:
+            self.publish_injector(injector, low, sequencer=sequencer)
 
     def record_caught_up(self, computation: str, sequencers: Mapping[int, int]) -> None:
         """Record that the owner of these intervals (interval -> sequencer) caught up on their input."""

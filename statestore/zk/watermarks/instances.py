@@ -39,7 +39,11 @@ class Instances:
         update = instance_update(what, instance, watermark_ms, sequencer=sequencer, held=held, clock=self._clock)
         base = self._znodes.instances(injector)
         self._rounds.cas(f"{base}/{instance}", what, update)
-        client = self._rounds.client
+        return self.low(injector, instance, what)
+
+    def low(self, injector: str, instance: str, what: str) -> int | None:
+        """The injector's watermark from the stored estimates, releases and catch-ups (``instance`` live)."""
+        pipeline, base, client = self._znodes.pipeline, self._znodes.instances(injector), self._rounds.client
 
         def estimate() -> int | None:
             with zk_call(what):
@@ -53,14 +57,16 @@ class Instances:
 
         return self._rounds.connection.resilient(what, estimate)  # type: ignore[no-any-return]
 
-    def record_held(self, injector: str, instance: str, held: Held, *, sequencer: int) -> None:
-        """Store the intervals ``instance`` holds now beside its estimate, keeping the estimate."""
+    def record_held(self, injector: str, instance: str, held: Held, *, sequencer: int) -> int | None:
+        """Store the intervals ``instance`` holds now beside its estimate, keeping the estimate;
+        return the injector's watermark as :meth:`low` computes it then."""
         validate_name("instance", instance)
         what = (f"recording the intervals instance {instance} holds, for injector "
                 f"{self._znodes.pipeline}/{injector}")
         base = self._znodes.instances(injector)
         self._rounds.cas(f"{base}/{instance}", what, instance_update(what, instance, None, sequencer=sequencer,
                                                                      held=held, clock=self._clock))
+        return self.low(injector, instance, what)
 
     def record_caught_up(self, computation: str, sequencers: Mapping[int, int]) -> None:
         """Record, per interval, the sequencer of its owner that caught up (never an older one)."""

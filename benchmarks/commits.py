@@ -43,7 +43,7 @@ def _names(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
 
 def zxid(hosts: str) -> int:
     """The last zxid the ZooKeeper server (or the first that answers of ``hosts``) has applied."""
-    from deltawheel.executor.servers.zookeeper import four_letter_word
+    from deltawheel.servers.zookeeper import four_letter_word
 
     for hp in hosts.split(","):
         host, port = hp.rsplit(":", 1)
@@ -80,9 +80,10 @@ class Servers:
 
     def start(self) -> None:
         """Start ZooKeeper, and for ``s3a`` S3Proxy, its bucket and Toxiproxy in front of it."""
-        from deltawheel.executor.servers.ensemble import ZooKeeperEnsemble
-        from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
         from deltawheel.statestore.process import free_ports
+
+        from deltawheel.servers.ensemble import ZooKeeperEnsemble
+        from deltawheel.servers.zookeeper import EmbeddedZooKeeper
 
         tag = uuid.uuid4().hex[:6]
         if self.ensemble:
@@ -91,8 +92,8 @@ class Servers:
             self._zk = EmbeddedZooKeeper(self.root / f"_zk-{tag}", port=free_ports(1)[0])
         self._zk.start()
         if self.object_store:
-            from deltawheel.executor.servers.s3proxy import S3ProxyServer
-            from deltawheel.executor.servers.toxiproxy import ToxiproxyServer
+            from deltawheel.servers.s3proxy import S3ProxyServer
+            from deltawheel.servers.toxiproxy import ToxiproxyServer
 
             s3_port, api_port, listen = free_ports(3)
             self._s3 = S3ProxyServer(self.root / f"_s3-{tag}", port=s3_port)

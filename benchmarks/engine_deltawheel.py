@@ -137,7 +137,6 @@ class DeltaWheelEngine:
         """Run the window count through a deltawheel pipeline (the store below ``store`` or ``out_dir``)."""
         from deltawheel.executor.drivers.pipeline import Pipeline
         from deltawheel.executor.drivers.runner import PipelineRunner
-        from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
         from deltawheel.executor.sources.parquet import ParquetInjector
         from deltawheel.executor.tasks.paths import choose_write_path
         from deltawheel.statestore.codecs import get_codec
@@ -146,6 +145,7 @@ class DeltaWheelEngine:
         from deltawheel.statestore.process import free_ports
 
         from deltawheel import migrations
+        from deltawheel.servers.zookeeper import EmbeddedZooKeeper
 
         base = Path(out_dir) / self.name
         local = tempfile.mkdtemp(prefix="store-", dir=_mk(base))

@@ -347,7 +347,7 @@ def run_latency(st: LatencySettings, *, spark: Any = None, progress: Say | None 
     say(f"spark session ready in {time.perf_counter() - t:.1f} s; engines one after another: {', '.join(st.engines)}")
     broker = None
     if st.source == "kafka" and st.kafka is None:  # a local broker for this run
-        from deltawheel.executor.servers.kafka import KafkaBroker
+        from deltawheel.servers.kafka import KafkaBroker
 
         broker = KafkaBroker(fresh_dir(out / "kafka"))
         broker.start()

@@ -81,16 +81,17 @@ class KafkaInput:
 
 def create(spark: Any, bootstrap_servers: str, topic: str) -> KafkaInput:
     """Create ``topic`` (:data:`PARTITIONS` partitions, the broker's append time as timestamps)."""
-    from deltawheel.executor.servers.kafka import create_topic
+    from deltawheel.servers.kafka import create_topic
 
     create_topic(spark, bootstrap_servers, topic, partitions=PARTITIONS, configs=TOPIC_CONFIGS)
     return KafkaInput(bootstrap_servers, topic)
 
 
 def _producer_command(work: Path, bootstrap_servers: str, topic: str) -> list[str]:
-    from deltawheel.executor.servers.zookeeper import pyspark_jars_dir
     from deltawheel.statestore.process import find_java
     from deltawheel.statestore.session.connectors import ensure_kafka_jars
+
+    from deltawheel.servers.zookeeper import pyspark_jars_dir
 
     src = work / "LatencyProducer.java"
     src.write_text(PRODUCER_JAVA)

@@ -95,8 +95,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: an unknown case.
     """
-    from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
     from deltawheel.statestore.process import free_ports
+
+    from deltawheel.servers.zookeeper import EmbeddedZooKeeper
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

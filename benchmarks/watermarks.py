@@ -37,13 +37,13 @@ def _run_one(spark: Any, data: WorkloadData, percentile: float | None, out_dir: 
              say: Callable[[str], None]) -> dict[str, Any]:
     from deltawheel.executor.drivers.pipeline import Pipeline
     from deltawheel.executor.drivers.runner import PipelineRunner
-    from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
     from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.process import free_ports
 
     from deltawheel import migrations
+    from deltawheel.servers.zookeeper import EmbeddedZooKeeper
 
     out_dir.mkdir(parents=True, exist_ok=True)
     local = tempfile.mkdtemp(prefix="store-", dir=out_dir)

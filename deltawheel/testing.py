@@ -19,7 +19,6 @@ Example (fixed 10 s windows, the default trigger, a sum per window)::
 from __future__ import annotations
 
 from deltawheel.executor.computation import make_record
-from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
 from deltawheel.executor.testkit import ComputationTester, Output
 from deltawheel.executor.windowing.harness import (
     Backend,
@@ -31,6 +30,7 @@ from deltawheel.executor.windowing.harness import (
     run_scenario,
     run_scenarios_lockstep,
 )
+from deltawheel.servers.zookeeper import EmbeddedZooKeeper
 from deltawheel.statestore.clock import ManualClock
 
 __all__ = [

@@ -5,12 +5,16 @@ from __future__ import annotations
 import ast
 import re
 
-from deltawheel.statestore.exceptions import (
+from deltawheel.statestore.exceptions import (  # the local servers' errors, re-exported
+    ClusterError,
     CodecError,
     ConfigError,
     DeltaWheelError,
     FatalError,
+    HostsUnavailableError,
+    KafkaServerError,
     RetryableError,
+    UnknownHostError,
 )
 
 __all__ = ["DeltaWheelError", "BatchFailedError", "ClusterError", "HostsUnavailableError", "InputFileError",
@@ -100,23 +104,3 @@ class StateUpgradeError(CodecError):
 
 class WindowingError(ConfigError):
     """A windowing strategy (window function, trigger, combiner, scenario) is malformed."""
-
-
-class ClusterError(FatalError):
-    """The local Spark standalone cluster (``deltawheel cluster``) could not be started, reached or stopped."""
-
-    exit_code = 8
-
-
-class HostsUnavailableError(ClusterError):
-    """The test bed of separate hosts cannot be made here (no network or mount namespaces)."""
-
-
-class UnknownHostError(ClusterError):
-    """A command named a host the test bed of separate hosts does not have."""
-
-
-class KafkaServerError(FatalError):
-    """The local Kafka broker (``executor/servers/kafka.py``) could not be started or reached."""
-
-    exit_code = 8

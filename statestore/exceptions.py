@@ -13,7 +13,8 @@ __all__ = [
     "StoreInUseError", "StoreDamagedError", "UnknownComputationError", "KeyNeverSeenError",
     "VersionNotFoundError", "CoordinatorStateLostError", "StaleSequencerError", "CommitConflictError",
     "CodecError", "BadRecordError", "StateTooLargeError", "NotAStoreError", "SchemaTooNewError",
-    "MigrationError", "ZooKeeperServerError", "ConfigError", "InputGoneError", "ReplayUnavailableError",
+    "MigrationError", "ZooKeeperServerError", "ClusterError", "HostsUnavailableError", "UnknownHostError",
+    "KafkaServerError", "ConfigError", "InputGoneError", "ReplayUnavailableError",
     "ReplayTargetError", "ReplayBehindError", "ReplayCodeError", "RepairStatementError", "JarFetchError",
     "SessionConfigError", "JavaMissingError", "SparkConnectSessionError", "ObjectStoreError",
     "ObjectStoreUnreachableError", "BucketMissingError", "ObjectStoreAuthError", "ObjectStoreServerError",
@@ -134,6 +135,26 @@ class ZooKeeperServerError(FatalError):
     """The embedded ZooKeeper server could not be started, reached or stopped."""
 
     exit_code = 4
+
+
+class ClusterError(FatalError):
+    """The local Spark standalone cluster (``deltawheel cluster``) could not be started, reached or stopped."""
+
+    exit_code = 8
+
+
+class HostsUnavailableError(ClusterError):
+    """The test bed of separate hosts cannot be made here (no network or mount namespaces)."""
+
+
+class UnknownHostError(ClusterError):
+    """A command named a host the test bed of separate hosts does not have."""
+
+
+class KafkaServerError(FatalError):
+    """The local Kafka broker (``deltawheel/servers/kafka.py``) could not be started or reached."""
+
+    exit_code = 8
 
 
 # --- input and storage ------------------------------------------------------

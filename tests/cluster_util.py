@@ -25,5 +25,5 @@ def processes_of(folder: Path) -> list[psutil.Process]:
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run ``deltawheel ARGS`` as a user would (a separate process)."""
-    return subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", *args],
+    return subprocess.run([sys.executable, "-m", "deltawheel.cli", *args],
                           capture_output=True, text=True, timeout=timeout)

@@ -59,7 +59,7 @@ def spark():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A real ZooKeeper server from the jars in the pyspark wheel."""
-    from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
+    from deltawheel.servers.zookeeper import EmbeddedZooKeeper
 
     server = EmbeddedZooKeeper(tmp_path_factory.mktemp("zk"), port=free_port())
     server.start()
@@ -146,7 +146,7 @@ S3_TEST_LOGSTORE_CHROOT = "/deltawheel-tests-logstore"  # the chroot arbitrating
 @pytest.fixture(scope="session")
 def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A real S3-compatible server (S3Proxy on a filesystem backend) for the whole run."""
-    from deltawheel.executor.servers.s3proxy import S3ProxyServer
+    from deltawheel.servers.s3proxy import S3ProxyServer
 
     server = S3ProxyServer(tmp_path_factory.mktemp("s3"), port=free_port())
     server.start()
@@ -207,7 +207,7 @@ def object_store_env(object_store) -> dict[str, str]:  # type: ignore[no-untyped
 @pytest.fixture
 def ensemble(tmp_path: Path) -> Iterator[object]:
     """A three-server ZooKeeper ensemble of this test's own (stopped, every server, after it)."""
-    from deltawheel.executor.servers.ensemble import ZooKeeperEnsemble
+    from deltawheel.servers.ensemble import ZooKeeperEnsemble
 
     ens = ZooKeeperEnsemble(tmp_path / "ens")
     ens.start()
@@ -220,7 +220,7 @@ def ensemble(tmp_path: Path) -> Iterator[object]:
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A Spark standalone cluster (master + 2 workers) and a 3-server ZooKeeper ensemble, started
     once for the tests that ask for it (``deltawheel cluster up``'s LocalCluster)."""
-    from deltawheel.executor.servers.cluster import LocalCluster
+    from deltawheel.servers.cluster import LocalCluster
 
     cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
     cluster.up()
@@ -236,7 +236,8 @@ def hosts_available() -> Iterator[None]:
     import tempfile
 
     from deltawheel.executor.exceptions import HostsUnavailableError
-    from deltawheel.executor.servers.netns import check_namespaces, leftovers
+
+    from deltawheel.servers.netns import check_namespaces, leftovers
 
     try:
         check_namespaces()

@@ -112,7 +112,7 @@ def interrupted_runs(sc: Scenario, base: Path, zk_config: Any, spark: Any) -> di
 
     env = {**os.environ, INPUT_ENV: str(folder),
            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "deltawheel.executor.cli", "run", "balance_pipeline:pipeline", "--store", str(store),
+    cmd = [sys.executable, "-m", "deltawheel.cli", "run", "balance_pipeline:pipeline", "--store", str(store),
            "--zk", zk_config.hosts, "--zk-chroot", zk_config.chroot, "--zk-session-timeout", "6",
            "--trigger", "200 milliseconds"]
     feeding = threading.Thread(target=writer, name="input-writer")

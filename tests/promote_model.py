@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deltawheel.executor.demo.pipeline import Model
+from deltawheel.demo.pipeline import Model
 
 
 class TaggedModel(Model):

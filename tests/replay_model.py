@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deltawheel.executor.demo.pipeline import HISTORY, WINDOW_MS, Model
+from deltawheel.demo.pipeline import HISTORY, WINDOW_MS, Model
 
 WINDOW = 3
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 
-from deltawheel.executor.demo.pipeline import Model, window_counter
 from deltawheel.executor.drivers.pipeline import Pipeline
 from deltawheel.executor.sources.parquet import ParquetInjector
+
+from deltawheel.demo.pipeline import Model, window_counter
 
 INPUT_ENV = "DELTAWHEEL_TEST_REPLAY_INPUT"
 DISORDER_MS = 3_000  # ZeitgeistParams.max_disorder_ms (the injector's watermark delay)

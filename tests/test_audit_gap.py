@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 from audit_util import tool_commit
-from deltawheel.executor.cli import main
+
+from deltawheel.cli import main
 
 pytestmark = pytest.mark.spark
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltawheel.executor.cli import main
 from deltawheel.executor.exceptions import InputFileError
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import exit_code
@@ -25,6 +24,7 @@ from pyspark import cloudpickle
 
 import deltawheel
 from deltawheel import RECORD_KEY, Computation, ConfigError, JsonLinesInjector, ParquetInjector, Pipeline
+from deltawheel.cli import main
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -79,8 +79,9 @@ def messages(draw: Any) -> list[tuple[int, bytes | None, str | None, str | None]
 def test_kafka_messages_not_in_the_expected_format_are_dead_letters_with_their_bytes(  # type: ignore[no-untyped-def]
         spark, kafka_broker, migrated_template, zk_server, tmp_path, msgs) -> None:  # noqa: F811
     from conftest import copy_migrated_store
-    from deltawheel.executor.servers.kafka import create_topic
     from pyspark.sql import functions as F
+
+    from deltawheel.servers.kafka import create_topic
 
     kafka_ready(spark)
     topic = f"bad-{uuid.uuid4().hex[:8]}"

@@ -259,7 +259,7 @@ def test_deltawheel_run_killed_twice_while_files_arrive_gives_the_uncut_panes(sp
     written = feed(folder, chunks, 2, 0, t0=t0)
     env = {**os.environ, "BANK_INPUT": str(folder),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "deltawheel.executor.cli", "run", "bank_pipeline:pipeline", "--store", str(store),
+    cmd = [sys.executable, "-m", "deltawheel.cli", "run", "bank_pipeline:pipeline", "--store", str(store),
            "--zk", zk_config.hosts, "--zk-chroot", zk_config.chroot, "--zk-session-timeout", "6",
            "--trigger", "200 milliseconds"]
     layout = StoreLayout(str(store))

@@ -41,7 +41,7 @@ def test_s3a_behind_toxiproxy(tmp_path: Path) -> None:
     import sys
 
     out = tmp_path / "bench"
-    done = subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", "bench", "commits", "--out", str(out),
+    done = subprocess.run([sys.executable, "-m", "deltawheel.cli", "bench", "commits", "--out", str(out),
                            "--targets", "s3a", "--latencies", "20", "--writers", "2", "--seconds", "4",
                            "--warmup", "1"], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

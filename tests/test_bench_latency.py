@@ -15,7 +15,8 @@ from deltawheel.benchmarks.latency import LatencyBenchError, LatencySettings, ru
 from deltawheel.benchmarks.latency_input import Schedule
 from deltawheel.benchmarks.latency_log import DeltaLogTail
 from deltawheel.benchmarks.latency_measure import check_key_counts, check_records
-from deltawheel.executor.cli import main as cli_main
+
+from deltawheel.cli import main as cli_main
 
 
 def _failed(checks: list) -> dict[str, str]:  # type: ignore[type-arg]

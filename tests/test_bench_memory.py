@@ -23,8 +23,9 @@ from deltawheel.benchmarks.memory import (
     process_role,
     tree_processes,
 )
-from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
 from kazoo.client import KazooClient
+
+from deltawheel.servers.zookeeper import EmbeddedZooKeeper
 
 pytestmark = pytest.mark.timeout(120)
 

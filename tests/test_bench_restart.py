@@ -28,7 +28,7 @@ def test_bench_restart_refuses_an_unknown_case(tmp_path: Path) -> None:
 @pytest.mark.slow  # ~80 s (two Spark applications); a restart under the instance name: test_restart.py
 @pytest.mark.timeout(900)
 def test_bench_restart_reports_the_restart_to_the_first_committed_batch(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.cli import main
+    from deltawheel.cli import main
 
     assert main(["bench", "restart", "--out", str(tmp_path), "--files", "5", "--kill-after", "1",
                  "--cases", "with_instance", "--session-timeout", "20"]) == 0

@@ -124,7 +124,7 @@ def test_big_keys_is_big_over_ten_times_the_key_ranks(tmp_path: Path) -> None:
 
 def test_the_command_takes_big_keys_and_refuses_other_sizes(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    from deltawheel.executor.cli import main as cli_main
+    from deltawheel.cli import main as cli_main
 
     # the size is taken (the engine check comes before any input is generated)
     assert cli_main(["bench", "throughput", "--size", "big-keys", "--engines", "flink", "--out", str(tmp_path)]) != 0
@@ -358,7 +358,8 @@ def test_a_failing_engine_process_ends_the_benchmark_with_its_error(tiny: wl.Wor
 
 def test_the_command_isolates_unless_told_to_share_a_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from deltawheel.benchmarks import throughput as tp
-    from deltawheel.executor.cli import main as cli_main
+
+    from deltawheel.cli import main as cli_main
 
     asked: list[object] = []
 
@@ -378,7 +379,7 @@ def test_the_command_prints_each_progress_line_as_it_goes(small: wl.WorkloadData
     still runs (before it writes its figures), not in one block with the others at its end."""
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # Python's default: a pipe buffers
-    child = subprocess.Popen([sys.executable, "-m", "deltawheel.executor.cli", "bench", "cache", "--size", "small",
+    child = subprocess.Popen([sys.executable, "-m", "deltawheel.cli", "bench", "cache", "--size", "small",
                               "--data-root", str(small.data_dir.parent), "--out", str(out)],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:

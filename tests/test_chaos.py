@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltawheel.executor.chaos.bank import WINDOW_MS, closing_moves, moves, write_moves
-from deltawheel.executor.chaos.checker import check_run, reference_legs
-from deltawheel.executor.chaos.faults import INSTANCES, KINDS, TOOLS, plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from deltawheel.chaos.bank import WINDOW_MS, closing_moves, moves, write_moves
+from deltawheel.chaos.checker import check_run, reference_legs
+from deltawheel.chaos.faults import INSTANCES, KINDS, TOOLS, plan
 
 SEED = 11
 #: The default run's seed and kinds: every kind that starts no Spark application of its own (the
@@ -54,8 +55,8 @@ def test_a_seed_replays_its_schedule_and_one_target_has_one_fault_at_a_time(seed
 def test_the_printed_replay_command_draws_the_same_schedule(seed: int, seconds: str, gap: str | None,
                                                            tmpfs: str | None, kinds: list[str], s3: bool) -> None:
     """What a user copies from a run's first line gives the options that shape the schedule again."""
-    from deltawheel.executor.cli import build_parser
-    from deltawheel.executor.cli.chaos import replay_command
+    from deltawheel.cli import build_parser
+    from deltawheel.cli.chaos import replay_command
 
     argv = ["chaos", "--data", "somewhere", "--seed", str(seed), "--seconds", seconds]
     argv += ["--mean-gap", gap] * (gap is not None) + ["--store-tmpfs-mb", tmpfs] * (tmpfs is not None)
@@ -93,7 +94,7 @@ def test_python_workers_are_found_under_a_driver_by_their_command_line(tmp_path:
     import signal
     import time
 
-    from deltawheel.executor.chaos.workers import python_workers
+    from deltawheel.chaos.workers import python_workers
 
     daemon = tmp_path / "daemon.py"
     daemon.write_text("import os, time\nos.setpgid(0, 0)\n[os.fork() or time.sleep(600) for _ in range(2)]\n"
@@ -118,7 +119,7 @@ def test_python_workers_are_found_under_a_driver_by_their_command_line(tmp_path:
 
 def _mounted(folder: Path, size_mb: int) -> Any:
     """A mounted :class:`StoreDisk` of ``size_mb`` over ``folder``; the test skips where it cannot mount."""
-    from deltawheel.executor.chaos.disk import StoreDisk
+    from deltawheel.chaos.disk import StoreDisk
 
     disk = StoreDisk(folder, size_mb)
     reason = disk.mount()
@@ -129,7 +130,7 @@ def _mounted(folder: Path, size_mb: int) -> Any:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 def test_the_store_disk_fills_up_to_enospc_frees_and_keeps_its_content_after_unmount(tmp_path: Path) -> None:
-    from deltawheel.executor.chaos.disk import FILLER, StoreDisk
+    from deltawheel.chaos.disk import FILLER, StoreDisk
 
     disk = _mounted(tmp_path / "store", 4)
     try:
@@ -163,7 +164,7 @@ def test_a_command_that_finds_the_disk_full_exits_9_with_one_typed_line(tmp_path
     try:
         (tmp_path / "disk" / "store").mkdir()
         disk.fill()
-        proc = subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", "zk", "start", "--store",
+        proc = subprocess.run([sys.executable, "-m", "deltawheel.cli", "zk", "start", "--store",
                                str(tmp_path / "disk" / "store")], capture_output=True, text=True, timeout=120)
     finally:
         disk.unmount()
@@ -257,7 +258,7 @@ def test_the_checker_names_a_duplicate_a_lost_leg_and_a_wrong_window(tmp_path: P
 
 def _chaos(data: Path, *args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
     """The run's output; one that outlasts ``timeout_s`` fails with what it printed and its logs."""
-    cmd = [sys.executable, "-m", "deltawheel.executor.cli", "chaos", "--data", str(data), *args]
+    cmd = [sys.executable, "-m", "deltawheel.cli", "chaos", "--data", str(data), *args]
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
@@ -358,7 +359,7 @@ def test_a_chaos_run_killed_by_sigkill_leaves_no_process_behind(tmp_path: Path) 
                 continue
         return found
 
-    proc = subprocess.Popen([sys.executable, "-m", "deltawheel.executor.cli", "chaos", "--data", str(data),
+    proc = subprocess.Popen([sys.executable, "-m", "deltawheel.cli", "chaos", "--data", str(data),
                              "--seconds", "600", "--kinds", "status,net-cut", "--store-tmpfs-mb", "0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -414,9 +415,10 @@ def test_the_run_s_s3proxy_killed_and_restarted_serves_the_same_bucket_on_the_sa
     """What ``s3proxy-kill`` does, on a real S3Proxy: unreachable while killed, then the restarted
     server answers on the same port with the same keys and data (the bucket, a folder of the
     backend, whose ``store/`` the checker reads)."""
-    from deltawheel.executor.chaos.objectstore import BUCKET, ChaosObjectStore
     from deltawheel.statestore.objectstore import s3a
     from deltawheel.statestore.objectstore.client import S3Client
+
+    from deltawheel.chaos.objectstore import BUCKET, ChaosObjectStore
 
     s3 = ChaosObjectStore(tmp_path / "s3")
     s3.start()
@@ -481,7 +483,7 @@ def test_the_schedule_draws_net_cut_only_when_asked_one_per_driver_and_others_un
     """A schedule drawn without ``net-cut`` is the one drawn before the kind existed (the same
     seed replays the same faults); with it, each cut is one driver's fault, 2-20 s, in the
     driver's slot: never beside another fault of the same driver."""
-    import deltawheel.executor.chaos.faults as faults
+    import deltawheel.chaos.faults as faults
 
     without = plan(seed, seconds, kinds=others)
     assert "net-cut" not in {f.kind for f in without}
@@ -514,7 +516,7 @@ def _no_toxiproxy(env: dict[str, str], home: Path) -> dict[str, str]:
 
 
 def test_net_cut_named_without_toxiproxy_is_refused_saying_why_and_starts_nothing(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "deltawheel.executor.cli", "chaos", "--data", str(tmp_path / "chaos"),
+    cmd = [sys.executable, "-m", "deltawheel.cli", "chaos", "--data", str(tmp_path / "chaos"),
            "--seconds", "5", "--kinds", "net-cut,driver-pause"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env=_no_toxiproxy(dict(os.environ), tmp_path / "home"))
@@ -529,9 +531,9 @@ def test_without_toxiproxy_every_kind_leaves_net_cut_out_saying_why(tmp_path: Pa
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A run of every kind where Toxiproxy cannot be built: ``net-cut`` leaves the schedule with the
     reason printed and in the table, as ``disk-full`` does without a tmpfs."""
-    from deltawheel.executor.chaos.checker import CheckResult
-    from deltawheel.executor.chaos.harness import ChaosSettings, _Harness
-    from deltawheel.executor.chaos.report import table
+    from deltawheel.chaos.checker import CheckResult
+    from deltawheel.chaos.harness import ChaosSettings, _Harness
+    from deltawheel.chaos.report import table
 
     for name, value in _no_toxiproxy({}, tmp_path / "home").items():
         monkeypatch.setenv(name, value)
@@ -560,10 +562,11 @@ def test_a_cut_driver_loses_zookeeper_its_session_expires_and_it_reconnects_afte
     addresses go on; after the restore ``a``'s client connects again with a new session."""
     import time
 
-    from deltawheel.executor.chaos.bank import PIPELINE
-    from deltawheel.executor.chaos.harness import CHROOT, ChaosSettings, _Harness
-    from deltawheel.executor.chaos.netcut import member_session, session_after
     from kazoo.client import KazooClient, KazooState
+
+    from deltawheel.chaos.bank import PIPELINE
+    from deltawheel.chaos.harness import CHROOT, ChaosSettings, _Harness
+    from deltawheel.chaos.netcut import member_session, session_after
 
     def until(what: str, check: Any, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -641,11 +644,12 @@ def test_on_an_object_store_a_cut_driver_cannot_reach_s3proxy_until_restored(tmp
     """``--object-store --kinds net-cut``: each driver's S3 endpoint is its own proxy to the run's
     S3Proxy (the tools' is the server's); ``a`` cut, its requests are refused while ``b``'s and the
     tools' are answered; restored, ``a``'s are answered again."""
-    from deltawheel.executor.chaos.harness import ChaosSettings, _Harness
-    from deltawheel.executor.chaos.objectstore import BUCKET
     from deltawheel.statestore.exceptions import ObjectStoreUnreachableError
     from deltawheel.statestore.objectstore import s3a
     from deltawheel.statestore.objectstore.client import S3Client
+
+    from deltawheel.chaos.harness import ChaosSettings, _Harness
+    from deltawheel.chaos.objectstore import BUCKET
 
     h = _Harness(ChaosSettings(seed=1, data=tmp_path / "chaos", store_tmpfs_mb=0, kinds=("net-cut",),
                                object_store=True), print)

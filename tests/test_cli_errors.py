@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from deltawheel.executor.cli import build_parser, main
 from deltawheel.executor.exceptions import ClusterError, UserCodeError
 from deltawheel.statestore.exceptions import (
     EXIT_CODES,
@@ -23,6 +22,8 @@ from deltawheel.statestore.exceptions import (
     StoreMismatchError,
     exit_code,
 )
+
+from deltawheel.cli import build_parser, main
 
 
 def test_exit_code_per_error_class() -> None:

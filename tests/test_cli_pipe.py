@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "deltawheel.executor.cli"]
+CLI = [sys.executable, "-m", "deltawheel.cli"]
 SIGPIPE_STATUS = 141
 
 

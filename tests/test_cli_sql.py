@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 from conftest import copy_migrated_store
-from deltawheel.executor.cli import main
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import ensure_stream_table, stream_schema_ddl
+
+from deltawheel.cli import main
 
 pytestmark = pytest.mark.spark
 
@@ -69,7 +70,7 @@ def test_table_cut_is_said_with_the_total(big_store, capsys) -> None:  # type: i
 @pytest.mark.slow  # 5,000 rows through a subprocess; the CSV output: the other test_cli_sql.py tests
 def test_subprocess_csv_5000_of_5000(big_store, tmp_path) -> None:  # type: ignore[no-untyped-def]
     proc = subprocess.run(
-        [sys.executable, "-m", "deltawheel.executor.cli", "sql", "--store", big_store.root, "--format", "csv",
+        [sys.executable, "-m", "deltawheel.cli", "sql", "--store", big_store.root, "--format", "csv",
          "SELECT record_id, key FROM events"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )

@@ -151,7 +151,8 @@ def test_losing_a_worker_and_a_zookeeper_server_mid_run_keeps_the_rows(spark, lo
 
 def test_cluster_errors_say_what_to_do(tmp_path: Path) -> None:
     from deltawheel.executor.exceptions import ClusterError
-    from deltawheel.executor.servers.cluster import LocalCluster, SparkStandalone
+
+    from deltawheel.servers.cluster import LocalCluster, SparkStandalone
 
     with pytest.raises(ClusterError, match="nothing to start: both --no-zk and --no-spark"):
         LocalCluster(tmp_path / "none", zookeeper=False, spark=False).up()

@@ -401,7 +401,7 @@ def test_captured_tasks_run_again_with_the_bench_tasks_command(spark, tmp_path, 
     --captured DIR`` runs them again in one process: the same counts per task, CPU seconds."""
     import json
 
-    from deltawheel.executor.cli import main
+    from deltawheel.cli import main
 
     batches = _batches(random.Random(6), 6)
     monkeypatch.setenv("DELTAWHEEL_TASK_CAPTURE", str(tmp_path / "cap"))

@@ -122,7 +122,7 @@ def test_the_readme_embedding_snippet_runs_as_written(spark, zk_server, tmp_path
 def test_the_readme_snippet_with_no_zookeeper_given_uses_the_stores_own(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """ZK = None as the README writes it: connect starts the store's own embedded ZooKeeper (a port
     recorded beside its data, no other store's server) and closing the engine stops it."""
-    from deltawheel.executor.servers.embedded import StoreZooKeeper
+    from deltawheel.servers.embedded import StoreZooKeeper
 
     counter = _readme_block("## A first computation", "from datetime import timedelta")
     snippet = _readme_block("### Embedding it in your Spark job", "import deltawheel")

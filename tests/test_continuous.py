@@ -230,7 +230,7 @@ def test_the_readme_continuous_example_runs_until_ctrl_c(spark, zk_server, tmp_p
 
 
 def run_cmd(store: Path, zk_config: Any, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "deltawheel.executor.cli", "run", "continuous_pipeline:pipeline", "--store",
+    return [sys.executable, "-m", "deltawheel.cli", "run", "continuous_pipeline:pipeline", "--store",
             str(store), "--zk", zk_config.hosts, "--zk-chroot", zk_config.chroot, "--zk-session-timeout", "6",
             "--trigger", "200 milliseconds", *extra]
 

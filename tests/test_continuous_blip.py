@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.zk]
 @pytest.fixture
 def own_zk(tmp_path: Path) -> Iterator[Any]:
     """A ZooKeeper server for this test alone (the shared one must not be stopped)."""
-    from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
+    from deltawheel.servers.zookeeper import EmbeddedZooKeeper
 
     server = EmbeddedZooKeeper(tmp_path / "zk", port=free_port())
     server.start()

@@ -43,7 +43,7 @@ class _Crash(Exception):
 @pytest.fixture
 def own_zk(tmp_path: Path) -> Iterator[Any]:
     """A ZooKeeper server for this test alone (the shared one must not be stopped or wiped)."""
-    from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
+    from deltawheel.servers.zookeeper import EmbeddedZooKeeper
 
     server = EmbeddedZooKeeper(tmp_path / "zk", port=free_port())
     server.start()
@@ -219,7 +219,7 @@ def test_a_copy_that_bound_the_store_then_waited_accepts_fences_another_copy_wro
 @pytest.mark.parametrize("write_path", ["image", "merge"])
 def test_zookeeper_data_loss_is_refused_then_reseed_gives_the_clean_rows(spark, tmp_path, own_zk, clean,
                                                                         write_path) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.cli import main
+    from deltawheel.cli import main
 
     folder, want = clean
     layout = StoreLayout(str(tmp_path / "store"))
@@ -351,8 +351,9 @@ def test_a_binding_deleted_by_a_refused_start_mid_bind_gives_the_refusal_not_a_r
 def test_the_reseed_plan_shows_injector_watermarks_as_times() -> None:
     """The dry run's injector line reads as a time, or the end of time after a bounded run, not as
     a bare 9223372036854775807."""
-    from deltawheel.executor.cli.reseed import injector_line
     from deltawheel.statestore.zk.watermarks import END_OF_TIME
+
+    from deltawheel.cli.reseed import injector_line
 
     assert injector_line("events", END_OF_TIME, END_OF_TIME) == (
         "  injector events: watermark end of time in the store's commits, ZooKeeper's end of time  ok")
@@ -371,9 +372,10 @@ def test_reseed_restores_the_injector_watermark_the_lost_zookeeper_held(spark, t
     watermark from what the store's commits record, to exactly the value lost."""
     from dataclasses import replace
 
-    from deltawheel.executor.cli import main
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.watermarks import WatermarkAuthority
+
+    from deltawheel.cli import main
 
     folder, _ = clean
     layout = migrated_at(tmp_path / "store")
@@ -560,7 +562,7 @@ def test_a_session_expiry_stops_the_run_with_the_cause_named(spark, tmp_path, ow
 
 
 def _dw(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "deltawheel.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -588,11 +590,12 @@ def test_demo_on_its_embedded_zookeeper_come_back_empty_stops_is_refused_then_re
     named (exit 4, coordination); a plain retry is refused, typed (exit 4, not a raw kazoo error);
     after `reseed --apply` the demo ends with exactly the rows of an uninterrupted run: pane flags,
     production ids, state and timers."""
-    from deltawheel.executor.demo.pipeline import computations
-    from deltawheel.executor.demo.zeitgeist import GeneratorInjector, ZeitgeistParams
     from deltawheel.executor.drivers.pipeline import Pipeline
     from deltawheel.executor.drivers.runner import PipelineRunner
-    from deltawheel.executor.servers.embedded import StoreZooKeeper
+
+    from deltawheel.demo.pipeline import computations
+    from deltawheel.demo.zeitgeist import GeneratorInjector, ZeitgeistParams
+    from deltawheel.servers.embedded import StoreZooKeeper
 
     events, per_batch = 3_000, 500
     clean_store = tmp_path / "clean"
@@ -607,7 +610,7 @@ def test_demo_on_its_embedded_zookeeper_come_back_empty_stops_is_refused_then_re
     demo = ["demo", "--store", str(store), "--events", str(events), "--events-per-batch", str(per_batch),
             "--max-pause", "900", "--wait", "60"]
     # a short session timeout for the run that loses ZooKeeper (it is found once paused past it)
-    proc = subprocess.Popen([sys.executable, "-m", "deltawheel.executor.cli", *demo, "--zk-session-timeout", "6"],
+    proc = subprocess.Popen([sys.executable, "-m", "deltawheel.cli", *demo, "--zk-session-timeout", "6"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     assert proc.stdout is not None
     lines: list[str] = []

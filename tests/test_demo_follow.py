@@ -27,7 +27,7 @@ LINE = re.compile(r"^\[ *[\d.]+s\] (window_counter|model|detector) +(\d+) record
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "deltawheel.executor.cli", *args]
+    return [sys.executable, "-m", "deltawheel.cli", *args]
 
 
 def _stream(spark: Any, store: Path, name: str) -> list[dict[str, Any]]:
@@ -36,8 +36,8 @@ def _stream(spark: Any, store: Path, name: str) -> list[dict[str, Any]]:
 
 
 def test_what_demo_follow_refuses_before_anything_starts(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.cli import main
-    from deltawheel.executor.demo.follow import check_settings, check_store
+    from deltawheel.cli import main
+    from deltawheel.demo.follow import check_settings, check_store
 
     ok = {"rate": 100, "seconds": None, "window_ms": 2_000}
     local = StoreLayout(str(tmp_path / "s"))

@@ -80,7 +80,7 @@ def pack(dest: Path) -> Path:
     newest = max(p.stat().st_mtime for d in ("deltawheel", "statestore", "executor") for p in (REPO / d).rglob("*.py"))
     if dest.exists() and dest.stat().st_mtime > newest:
         return dest
-    from deltawheel.executor.servers.hosts import host_python
+    from deltawheel.servers.hosts import host_python
 
     done = cli("pack-env", "--python", str(host_python()), str(dest), timeout=1500)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -105,7 +105,8 @@ def test_pack_env_archive_has_deltawheel_and_no_pyspark() -> None:
 
 def _submit(cluster: object, *, archive: Path | None) -> subprocess.CompletedProcess[str]:
     from deltawheel.executor.drivers.deploy import submit_args
-    from deltawheel.executor.servers.hosts import HostsCluster
+
+    from deltawheel.servers.hosts import HostsCluster
 
     assert isinstance(cluster, HostsCluster)
     args = submit_args(archive=None if archive is None else str(archive)).argv()
@@ -122,7 +123,7 @@ def _submit(cluster: object, *, archive: Path | None) -> subprocess.CompletedPro
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_executors_on_other_hosts_run_from_the_archive_only(hosts_available: None) -> None:
-    from deltawheel.executor.servers.hosts import HostsCluster
+    from deltawheel.servers.hosts import HostsCluster
 
     archive = pack(ARCHIVE)
     cluster = HostsCluster(HOSTS_DATA, services=("spark",))

@@ -15,7 +15,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from deltawheel.executor.servers.netns import leftovers
+
+from deltawheel.servers.netns import leftovers
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTS = REPO / "data" / "hosts"
@@ -63,7 +64,7 @@ def wait_first_batch(driver_id: str, *, timeout_s: float) -> float:
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_deploy_md_client_then_cluster_mode(hosts_available: None) -> None:
-    from deltawheel.executor.servers.hosts import HostsCluster
+    from deltawheel.servers.hosts import HostsCluster
 
     b = blocks()
     assert set(b) == {"setup", "client", "cluster", "down"}
@@ -113,6 +114,6 @@ def test_deploy_md_client_then_cluster_mode(hosts_available: None) -> None:
 
 
 def _s3_env() -> dict[str, str]:
-    done = subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", "cluster", "env"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "deltawheel.cli", "cluster", "env"], cwd=REPO,
                           capture_output=True, text=True, check=True)
     return dict(re.findall(r"export (\w+)=(\S+)", done.stdout))

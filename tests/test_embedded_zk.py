@@ -25,7 +25,7 @@ EVENTS, PER_BATCH = 1_000, 250
 
 
 def dw(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "deltawheel.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=_env(env))
 
 
@@ -107,7 +107,7 @@ def test_a_stale_record_after_sigkill_is_replaced(stores) -> None:  # type: igno
 
 _HOLDER = textwrap.dedent("""
     import os, sys, time
-    from deltawheel.executor.servers.embedded import ensure_zookeeper
+    from deltawheel.servers.embedded import ensure_zookeeper
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
     use = ensure_zookeeper(ZkConfig(), StoreLayout(sys.argv[1]), own=True)
@@ -216,7 +216,7 @@ def test_rebalance_with_store_reaches_the_stores_own_server(stores) -> None:  # 
 
 
 def test_zk_start_without_port_skips_a_taken_default(zk_server, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.cli import zk as zk_cli
+    from deltawheel.cli import zk as zk_cli
 
     monkeypatch.setattr(zk_cli, "DEFAULT_ZK_PORT", zk_server.port)  # "2181" is another program's ZooKeeper
     port = zk_cli._default_port(str(tmp_path / "fresh"), "127.0.0.1")
@@ -226,7 +226,7 @@ def test_zk_start_without_port_skips_a_taken_default(zk_server, tmp_path: Path, 
 # --- the demo, as in the issue: a SIGKILLed run, then another store; two copies at once ----------
 
 def demo(store: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "deltawheel.executor.cli", "demo", "--store", str(store), "--events", str(EVENTS),
+    return [sys.executable, "-m", "deltawheel.cli", "demo", "--store", str(store), "--events", str(EVENTS),
             "--events-per-batch", str(PER_BATCH), "--wait", "600", *extra]
 
 

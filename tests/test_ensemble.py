@@ -13,12 +13,13 @@ from typing import Any, Callable, Iterator
 
 import psutil
 import pytest
-from deltawheel.executor.servers.ensemble import ZooKeeperEnsemble
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import LeaseHeldError, LeaseSuspendedError, ZooKeeperServerError
 from deltawheel.statestore.zk.client import connect
 from deltawheel.statestore.zk.lease_tools import list_leases, next_sequencers
 from deltawheel.statestore.zk.leases import LeaseManager
+
+from deltawheel.servers.ensemble import ZooKeeperEnsemble
 
 pytestmark = [pytest.mark.zk, pytest.mark.timeout(120)]
 
@@ -137,7 +138,7 @@ def test_cli_lists_leases_through_the_ensemble(ensemble: ZooKeeperEnsemble, clie
     a = LeaseManager(clients(), pipeline="p", owner="cli-owner")
     seq = a.acquire("c", [5])[5].sequencer
     ensemble.kill(1)  # one server down: still a quorum
-    out = subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", "leases", "show", "--zk", ensemble.hosts,
+    out = subprocess.run([sys.executable, "-m", "deltawheel.cli", "leases", "show", "--zk", ensemble.hosts,
                           "--zk-chroot", "/ens", "--pipeline", "p"], capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("p "))
@@ -145,7 +146,7 @@ def test_cli_lists_leases_through_the_ensemble(ensemble: ZooKeeperEnsemble, clie
 
 
 def test_member_errors_say_what_to_do(tmp_path: Path) -> None:
-    from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper, QuorumPeer
+    from deltawheel.servers.zookeeper import EmbeddedZooKeeper, QuorumPeer
 
     peers = [QuorumPeer(1, "127.0.0.1", 1, 2, 3)]
     with pytest.raises(ZooKeeperServerError, match=r"myid 2 is not one of the ensemble's ids \[1\]"):

@@ -139,12 +139,12 @@ def test_gc_apply_on_idle_store_keeps_live_state(spark, zk_server, tmp_path, wri
     user runs it, leaves the rows as they were (Spark and delta-rs read them back), a further run
     works and ends with the rows and outputs of the same runs on a store never gc'ed. (On the image
     path VACUUM deleted every live rows file: their logged paths were URL-quoted.)"""
-    from deltawheel.executor.cli import main
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
     from executor_util import state_of, stream_rows
 
     from deltawheel import migrations
+    from deltawheel.cli import main
 
     outcome = {}
     for name in ("clean", "gcd"):
@@ -177,11 +177,12 @@ def test_vacuum_keeps_files_the_image_path_wrote(spark, migrated_store, old_quot
     from urllib.parse import quote
 
     import pyarrow as pa
-    from deltawheel.executor.cli import main
     from deltawheel.statestore.delta.storefs import TableFiles
     from deltawheel.statestore.delta.txn import TableLog, new_add, partition_file_name, write_file
     from deltawheel.statestore.rowtable.frames import arrow_schema
     from deltawheel.statestore.rowtable.rows import ROW_FORMAT_VERSION, rows_file_ddl, rows_schema_ddl
+
+    from deltawheel.cli import main
 
     rows = migrated_store.rows
     spark.createDataFrame([("c", 0, "by_delta", b"1", "json", [], None, None, [], [], None, 0, None, None,
@@ -221,8 +222,9 @@ def _live_paths(layout) -> list[dict]:  # type: ignore[no-untyped-def]
 
 
 def test_gc_refuses_a_retention_below_deltas_minimum(spark, migrated_store, capsys) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.cli import main
     from deltawheel.gc.passes import VacuumRetentionError
+
+    from deltawheel.cli import main
 
     with pytest.raises(VacuumRetentionError, match=r"retention 0 h is shorter than Delta's safety minimum of 168 h"):
         run_gc(spark, migrated_store, now_ms=0, apply=True, vacuum_retain_hours=0)
@@ -236,7 +238,7 @@ def test_gc_refuses_a_retention_below_deltas_minimum(spark, migrated_store, caps
 def test_gc_refuses_a_negative_metrics_retention(migrated_store, capsys) -> None:  # type: ignore[no-untyped-def]
     """The command line refuses a retention below 0 h before touching anything (the metrics pass
     itself: test_gc_dry_run_then_apply)."""
-    from deltawheel.executor.cli import main
+    from deltawheel.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["gc", "--store", migrated_store.root, "--metrics-retention-hours", "-1"])

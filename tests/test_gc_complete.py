@@ -58,7 +58,7 @@ def test_gc_refuses_a_retention_below_the_replay_horizon_kept(spark, migrated_st
     API and the command line."""
     import time
 
-    from deltawheel.executor.cli import main
+    from deltawheel.cli import main
 
     path = ensure_stream_table(spark, migrated_store, "clicks")
     _append(spark, path, 3)
@@ -93,12 +93,13 @@ def test_gc_deletes_znodes_of_gone_instances_and_finished_replays(spark, migrate
     replay horizon (--keep-replay-hours) its retentions leave, and names it."""
     from dataclasses import replace
 
-    from deltawheel.executor.cli import main
     from deltawheel.statestore.delta.txn import TableLog
     from deltawheel.statestore.zk.binding import bind_store
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.members import Membership
     from deltawheel.statestore.zk.watermarks import WatermarkAuthority
+
+    from deltawheel.cli import main
 
     table_id = TableLog(spark, migrated_store.rows).table_id()
     client = connect(zk_config)
@@ -219,8 +220,9 @@ def test_gc_cleans_the_delta_log_of_an_object_store(spark, migrated_s3_store, zk
     checkpoint can no longer be read."""
     import time
 
-    from deltawheel.executor.cli import main
     from deltawheel.gc.logs import log_entries
+
+    from deltawheel.cli import main
 
     path = ensure_stream_table(spark, migrated_s3_store, "clicks")
     _append(spark, path, 6)

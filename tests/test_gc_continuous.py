@@ -43,7 +43,7 @@ def test_gc_every_parses_batches_and_durations_and_refuses_the_rest() -> None:
 def test_deltawheel_run_refuses_a_bad_gc_every_before_anything_starts(tmp_path: Path) -> None:
     """The CLI's usage error names the flag and what it takes; no store is created."""
     store = tmp_path / "store"
-    out = subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", "run", "continuous_pipeline:pipeline",
+    out = subprocess.run([sys.executable, "-m", "deltawheel.cli", "run", "continuous_pipeline:pipeline",
                           "--store", str(store), "--gc-every", "ten"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out
     assert re.search(r"argument --gc-every: --gc-every / gc_every takes a number of batches > 0", out.stderr), out.stderr

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 from audit_util import tool_commit
-from deltawheel.executor.cli import main
 from deltawheel.gc.passes import RetentionError, run_gc
 from deltawheel.statestore.tabledefs import DEAD_LETTERS_COLUMNS, LATE_DATA_COLUMNS
+
+from deltawheel.cli import main
 
 pytestmark = pytest.mark.spark
 

@@ -8,11 +8,12 @@ import json
 from typing import Any
 
 import pytest
-from deltawheel.executor.cli import main
 from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.exceptions import KeyNeverSeenError, NotAStoreError, UnknownComputationError
 from deltawheel.statestore.inspection.history import key_history, walk_history
 from history_util import BATCHES, expected_states, run_batches
+
+from deltawheel.cli import main
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 
@@ -241,8 +242,9 @@ def test_as_of_refusals(spark, ran) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_history_refuses_a_store_it_cannot_read(capsys) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.cli.history import _history
     from deltawheel.statestore.exceptions import ConfigError
+
+    from deltawheel.cli.history import _history
 
     store = "abfss://c@acct.dfs.core.windows.net/store"
     rc = main(["history", "--store", store, "--computation", "summer", "--key", "a"])

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltawheel.executor.cli import main
 from deltawheel.executor.computation import Computation
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.delta.log import latest_local_version
@@ -22,6 +21,8 @@ from deltawheel.statestore.inspection.history import key_history, walk_history
 from deltawheel.statestore.writepath.image.files import ids_level, is_ids_path
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
 from pyspark import cloudpickle
+
+from deltawheel.cli import main
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 

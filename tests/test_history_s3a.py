@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltawheel.executor.cli import main
 from deltawheel.statestore.objectstore import s3a
 from history_util import expected_states, run_batches
+
+from deltawheel.cli import main
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk, pytest.mark.objectstore]
 
@@ -73,8 +74,9 @@ def test_history_of_an_s3a_store_is_the_local_one(copied, object_store, capsys, 
 
 
 def test_history_of_an_s3a_store_says_what_is_wrong(copied, object_store, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.cli.history import _store_error
     from deltawheel.statestore.exceptions import BucketMissingError, ObjectStoreAuthError, ObjectStoreError
+
+    from deltawheel.cli.history import _store_error
 
     _local, remote = copied
     _env(monkeypatch, object_store.endpoint)

@@ -27,8 +27,8 @@ PROBE = ("import socket, sys\n"
 @pytest.fixture
 def bed(hosts_available: None, tmp_path: Path) -> Iterator[object]:
     """The bed's network and a TCP server on host ``s3`` (a plain HTTP server: the cut is what is tested)."""
-    from deltawheel.executor.servers.hosts import HostsCluster
-    from deltawheel.executor.servers.netns import host_prefix, leftovers
+    from deltawheel.servers.hosts import HostsCluster
+    from deltawheel.servers.netns import host_prefix, leftovers
 
     cluster = HostsCluster(tmp_path / "bed", services=())
     try:
@@ -44,8 +44,8 @@ def bed(hosts_available: None, tmp_path: Path) -> Iterator[object]:
 
 def reach(cluster: object, source: str, target: str = "s3") -> str:
     """What a connection from host ``source`` to the server on ``target`` did."""
-    from deltawheel.executor.servers.hosts import HostsCluster
-    from deltawheel.executor.servers.netns import host_prefix
+    from deltawheel.servers.hosts import HostsCluster
+    from deltawheel.servers.netns import host_prefix
 
     assert isinstance(cluster, HostsCluster)
     done = subprocess.run([*host_prefix(cluster.hosts[source]), sys.executable, "-c", PROBE,
@@ -54,7 +54,7 @@ def reach(cluster: object, source: str, target: str = "s3") -> str:
 
 
 def fault(cluster: object, *words: str) -> subprocess.CompletedProcess[str]:
-    from deltawheel.executor.servers.hosts import HostsCluster
+    from deltawheel.servers.hosts import HostsCluster
 
     assert isinstance(cluster, HostsCluster)
     return cli("cluster", "fault", *words[:1], "--data", str(cluster.data_dir), *words[1:])
@@ -64,7 +64,7 @@ def fault(cluster: object, *words: str) -> subprocess.CompletedProcess[str]:
 def test_cut_from_a_peer_and_whole_then_heal(bed: Any) -> None:
     import time
 
-    from deltawheel.executor.servers.hostfaults import HostFaults
+    from deltawheel.servers.hostfaults import HostFaults
 
     deadline = time.monotonic() + 30  # the server starts
     while reach(bed, "client") != "reached":
@@ -97,7 +97,8 @@ def test_a_fault_on_an_unknown_host_is_refused(bed: Any) -> None:
     assert done.returncode == 8, done.stdout + done.stderr
     assert "no host 'worker9' in the test bed: choose among s3, zk1" in done.stdout + done.stderr
     from deltawheel.executor.exceptions import UnknownHostError
-    from deltawheel.executor.servers.hostfaults import HostFaults
+
+    from deltawheel.servers.hostfaults import HostFaults
 
     with pytest.raises(UnknownHostError, match="no host 'nowhere'"):
         HostFaults(bed).kill("nowhere")

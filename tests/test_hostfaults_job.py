@@ -81,7 +81,7 @@ class Run:
     """The bed, the job's driver and the store, for one test."""
 
     def __init__(self, bed: Any) -> None:
-        from deltawheel.executor.servers.hostfaults import HostFaults
+        from deltawheel.servers.hostfaults import HostFaults
 
         self.bed = bed
         self.faults = HostFaults(bed)
@@ -213,9 +213,10 @@ def _driver_cut_from_zk(run: Run) -> Episode:
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_faults_between_hosts_under_a_running_job(hosts_available: None, tmp_path: Path) -> None:
-    from deltawheel.executor.servers.hosts import HostsCluster
-    from deltawheel.executor.servers.netns import leftovers
     from test_deploy import ARCHIVE, pack
+
+    from deltawheel.servers.hosts import HostsCluster
+    from deltawheel.servers.netns import leftovers
 
     archive = pack(ARCHIVE)
     bed = HostsCluster(HOSTS_DATA, services=("s3", "zk", "spark"))

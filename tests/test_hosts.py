@@ -14,8 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 from cluster_util import cli
-from deltawheel.executor.servers.netns import leftovers
 from hosts_util import HOSTS_DATA
+
+from deltawheel.servers.netns import leftovers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_without_root_the_error_says_why() -> None:
     if shutil.which("setpriv") is None or subprocess.run(["id", "nobody"], capture_output=True).returncode:
         pytest.skip("needs setpriv and the user nobody to run as non-root")
-    code = ("from deltawheel.executor.servers.netns import check_namespaces\n"
+    code = ("from deltawheel.servers.netns import check_namespaces\n"
             "from deltawheel.executor.exceptions import HostsUnavailableError\n"
             "try:\n    check_namespaces()\nexcept HostsUnavailableError as e:\n    print('refused:', e)\n")
     done = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c",

@@ -40,8 +40,9 @@ def ended(run: Any) -> bool:
 @pytest.mark.timeout(900)
 def test_a_named_instance_cut_off_past_its_session_timeout_stops_with_lease_lost(
         spark: Any, zk_server: Any, zk_config: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from deltawheel.executor.servers.toxiproxy import ToxiproxyServer
     from kazoo.client import KazooClient
+
+    from deltawheel.servers.toxiproxy import ToxiproxyServer
 
     tox = ToxiproxyServer(tmp_path / "toxiproxy", port=free_port())
     tox.start()

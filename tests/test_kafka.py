@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A KRaft broker + controller for the whole run."""
-    from deltawheel.executor.servers.kafka import KafkaBroker
+    from deltawheel.servers.kafka import KafkaBroker
 
     broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
     broker.start()
@@ -62,9 +62,8 @@ MESSAGES = [
 
 def payments_topic(spark: Any, broker: Any, topic: str) -> Any:
     """A two-partition ``topic`` holding MESSAGES, and the KafkaInjector "events" reading it."""
-    from deltawheel.executor.servers.kafka import create_topic
-
     import deltawheel
+    from deltawheel.servers.kafka import create_topic
 
     kafka_ready(spark)
     create_topic(spark, broker.bootstrap_servers, topic, partitions=2)
@@ -110,10 +109,11 @@ def test_kafka_topic_through_the_executor(spark: Any, kafka_broker: Any, migrate
 
 
 def test_kafka_rows_in_the_stream_schema(spark: Any, kafka_broker: Any, tmp_path: Path) -> None:
-    from deltawheel.executor.servers.kafka import create_topic
     from deltawheel.executor.sources.kafka import KafkaInjector
     from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.writepath.streams import stream_schema_ddl
+
+    from deltawheel.servers.kafka import create_topic
 
     kafka_ready(spark)
     servers = kafka_broker.bootstrap_servers
@@ -140,8 +140,9 @@ def test_kafka_rows_in_the_stream_schema(spark: Any, kafka_broker: Any, tmp_path
 
 def test_broker_errors_say_what_to_do(spark: Any, kafka_broker: Any, tmp_path: Path) -> None:
     from deltawheel.executor.exceptions import KafkaServerError
-    from deltawheel.executor.servers.kafka import KafkaBroker, create_topic
     from deltawheel.statestore.process import free_ports
+
+    from deltawheel.servers.kafka import KafkaBroker, create_topic
 
     taken = KafkaBroker(tmp_path / "other", port=kafka_broker.port, controller_port=free_ports(1)[0])
     with pytest.raises(KafkaServerError, match=f"port {kafka_broker.port} on 127.0.0.1 is in use by another "
@@ -190,10 +191,10 @@ def test_a_kafka_topic_through_a_continuous_pipeline_is_exactly_once_across_a_re
     read, its watermark is the minimum over the partitions (the lagging one holds it), and after a
     stop, more messages and a start of a new process's objects on the same store, every message
     has exactly one output with the right running count."""
-    from deltawheel.executor.servers.kafka import create_topic
     from kafka_pipeline import card_counts, card_messages, make, want_counts
 
     import deltawheel
+    from deltawheel.servers.kafka import create_topic
 
     kafka_ready(spark)
     servers = kafka_broker.bootstrap_servers
@@ -242,9 +243,10 @@ def test_deltawheel_run_on_kafka_killed_resumes_exactly_once(spark: Any, kafka_b
     """``deltawheel run`` of a Kafka pipeline in a child process, SIGKILLed after its first batch;
     messages appended while it is down and after the same command started again: every message has
     exactly one output with its running count, and SIGTERM stops it with status 0."""
-    from deltawheel.executor.servers.kafka import create_topic
     from kafka_pipeline import card_counts, card_messages, want_counts
     from test_continuous import Child, wait_for
+
+    from deltawheel.servers.kafka import create_topic
 
     kafka_ready(spark)
     servers = kafka_broker.bootstrap_servers
@@ -253,7 +255,7 @@ def test_deltawheel_run_on_kafka_killed_resumes_exactly_once(spark: Any, kafka_b
     store = tmp_path / "store"
     env = {**os.environ, "KAFKA_SERVERS": servers, "KAFKA_TOPIC": "killed-cards",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "deltawheel.executor.cli", "run", "kafka_pipeline:pipeline", "--store", str(store),
+    cmd = [sys.executable, "-m", "deltawheel.cli", "run", "kafka_pipeline:pipeline", "--store", str(store),
            "--zk", zk_config.hosts, "--zk-chroot", zk_config.chroot, "--zk-session-timeout", "6"]
     first = Child(cmd, env)
     wait_for("the first run's first batch", lambda: first.saw(r"card_count batch 0: "), timeout_s=600)

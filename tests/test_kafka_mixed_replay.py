@@ -78,15 +78,16 @@ def test_kafka_beside_a_parquet_folder_records_both_by_source_index(tmp_path: Pa
 @pytest.mark.timeout(2400)
 def test_a_computation_reading_kafka_and_files_is_replayed_to_an_empty_diff(  # type: ignore[no-untyped-def]
         spark, kafka_broker, zk_config, tmp_path, capsys, monkeypatch) -> None:
-    from deltawheel.executor.cli import main
     from deltawheel.executor.drivers.replay import plan_replay, replay
     from deltawheel.executor.drivers.runner import PipelineRunner
-    from deltawheel.executor.servers.kafka import create_topic
     from deltawheel.statestore.inspection.positions import computation_commits
     from deltawheel.statestore.layout import StoreLayout
     from kafka_mixed_pipeline import NAME, MixedCount, make
     from kafka_pipeline import card_messages
     from test_kafka import kafka_ready, produce
+
+    from deltawheel.cli import main
+    from deltawheel.servers.kafka import create_topic
 
     kafka_ready(spark)
     servers, topic, folder = kafka_broker.bootstrap_servers, "mixed-cards", tmp_path / "cards"

@@ -120,11 +120,9 @@ def _delete_records(spark: Any, servers: str, topic: str, before: dict[int, int]
 @pytest.mark.timeout(1800)
 def test_a_kafka_fed_computation_records_its_ranges_and_is_replayed_from_kafka(  # type: ignore[no-untyped-def]
         spark, kafka_broker, zk_config, tmp_path, capsys, monkeypatch) -> None:
-    from deltawheel.executor.cli import main
     from deltawheel.executor.drivers.pipeline import Pipeline
     from deltawheel.executor.drivers.replay import plan_replay, replay
     from deltawheel.executor.drivers.runner import PipelineRunner
-    from deltawheel.executor.servers.kafka import create_topic
     from deltawheel.statestore.exceptions import InputGoneError
     from deltawheel.statestore.inspection.positions import computation_commits
     from deltawheel.statestore.layout import StoreLayout
@@ -132,6 +130,8 @@ def test_a_kafka_fed_computation_records_its_ranges_and_is_replayed_from_kafka( 
     from test_kafka import kafka_ready, produce
 
     import deltawheel
+    from deltawheel.cli import main
+    from deltawheel.servers.kafka import create_topic
 
     kafka_ready(spark)
     servers, topic = kafka_broker.bootstrap_servers, "replay-cards"
@@ -217,11 +217,9 @@ def _add_partitions(spark: Any, servers: str, topic: str, total: int) -> None:
 @pytest.mark.timeout(1800)
 def test_a_partition_added_during_the_run_is_replayed_from_before_its_first_batch(  # type: ignore[no-untyped-def]
         spark, kafka_broker, zk_config, tmp_path, capsys, monkeypatch) -> None:
-    from deltawheel.executor.cli import main
     from deltawheel.executor.drivers.pipeline import Pipeline
     from deltawheel.executor.drivers.replay import plan_replay, replay
     from deltawheel.executor.drivers.runner import PipelineRunner
-    from deltawheel.executor.servers.kafka import create_topic
     from deltawheel.statestore.exceptions import InputGoneError
     from deltawheel.statestore.inspection.positions import computation_commits, replay_horizon
     from deltawheel.statestore.layout import StoreLayout
@@ -229,6 +227,8 @@ def test_a_partition_added_during_the_run_is_replayed_from_before_its_first_batc
     from test_kafka import kafka_ready, produce
 
     import deltawheel
+    from deltawheel.cli import main
+    from deltawheel.servers.kafka import create_topic
 
     kafka_ready(spark)
     servers, topic = kafka_broker.bootstrap_servers, "grown-cards"

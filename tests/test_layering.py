@@ -175,7 +175,7 @@ def test_every_floor_named_is_a_package(sub: str) -> None:
     assert (STATESTORE / sub / "__init__.py").is_file()
 
 
-@pytest.mark.parametrize("top", ["statestore", "executor", "gc", "migrations"])
+@pytest.mark.parametrize("top", ["statestore", "executor", "gc", "migrations", "deltawheel"])
 def test_no_relative_import_climbs_out_of_its_top_folder(top: str) -> None:
     """A relative import stays inside its top folder: pytest's doctest collector imports each
     top folder as a package of its own, where ``from ...statestore`` from the executor fails."""

@@ -17,13 +17,19 @@ from import_graph import imports_of, module_name
 
 EXECUTOR = Path(__file__).resolve().parents[1] / "executor"
 PACKAGE = "deltawheel.executor"
+#: The rooms beside the executor, folders of the package root (deltawheel/<room>/).
+ROOT = Path(__file__).resolve().parents[1] / "deltawheel"
+ROOMS = ("servers", "demo", "chaos", "cli")
 
 #: The floors, lowest first. ``<api>`` is the user API directly in executor/ (computation,
 #: context, exceptions, session); ``testkit`` (the test harness of a user's computation) runs
-#: computations with the tasks' key runner and sits with the tools on the top floor.
+#: computations with the tasks' key runner and sits with the tools. ``servers``, ``demo``,
+#: ``chaos`` and ``cli`` are the rooms of deltawheel/ beside the executor: the local servers below
+#: it (they import statestore only), the tools over it.
 FLOORS: tuple[frozenset[str], ...] = (
+    frozenset({"servers"}),  # local server processes: ZooKeeper, S3Proxy, Kafka, a Spark cluster, hosts
     frozenset({"<api>"}),
-    frozenset({"tasks", "servers"}),  # what runs inside Spark tasks; local server processes
+    frozenset({"tasks"}),  # what runs inside Spark tasks
     frozenset({"windowing", "sources"}),  # the Dataflow model on the API; the injectors
     frozenset({"protocol"}),  # the per-batch protocol: ComputationExecutor, BatchProtocol
     frozenset({"drivers"}),  # connect/Engine, pipelines and their runner, recover: the one wiring
@@ -46,10 +52,12 @@ TASK_FLOORS: tuple[frozenset[str], ...] = (
 
 
 def _sub_of(module: str, root: Path) -> str:
-    rest = module[len(PACKAGE) + 1:].split(".")
-    if len(rest) == 1 and not (root / rest[0]).is_dir():
-        return TOP_MODULES.get(rest[0], "<api>")
-    return rest[0]
+    if module.startswith(PACKAGE + ".") or module == PACKAGE:
+        rest = module[len(PACKAGE) + 1:].split(".")
+        if len(rest) == 1 and not (root / rest[0]).is_dir():
+            return TOP_MODULES.get(rest[0], "<api>")
+        return rest[0]
+    return module.split(".")[1]  # deltawheel.<room>....
 
 
 def _floor(sub: str) -> int:
@@ -64,12 +72,11 @@ def _module_name(path: Path, root: Path = EXECUTOR) -> str:
     return module_name(path, root, PACKAGE)
 
 
-def _imports(path: Path, root: Path) -> Iterator[tuple[str, int]]:
-    return imports_of(path, root, PACKAGE)
-
-
 def _executor_target(name: str, root: Path) -> str | None:
-    """The executor sub-package (or API module floor) ``name`` lies in, None outside the executor."""
+    """The executor sub-package (or API module floor) or room ``name`` lies in, None elsewhere."""
+    parts = name.split(".")
+    if len(parts) > 1 and parts[0] == "deltawheel" and parts[1] in ROOMS:
+        return parts[1]
     if not name.startswith(PACKAGE + "."):
         return None
     first = name[len(PACKAGE) + 1:].split(".")[0]
@@ -78,14 +85,22 @@ def _executor_target(name: str, root: Path) -> str | None:
     return TOP_MODULES.get(first, "<api>")
 
 
-def _violations(root: Path = EXECUTOR) -> list[str]:
-    bad = []
+def _modules(root: Path, rooms: Path) -> Iterator[tuple[Path, str, Iterator[tuple[str, int]]]]:
+    """Every module of the executor (under ``root``) and of the rooms: its path, name and imports."""
     for path in sorted(root.rglob("*.py")):
-        module = _module_name(path, root)
+        yield path, _module_name(path, root), imports_of(path, root, PACKAGE)
+    for room in ROOMS:
+        for path in sorted((rooms / room).rglob("*.py")):
+            yield path, module_name(path, rooms, "deltawheel"), imports_of(path, rooms, "deltawheel")
+
+
+def _violations(root: Path = EXECUTOR, rooms: Path = ROOT) -> list[str]:
+    bad = []
+    for _path, module, imports in _modules(root, rooms):
         if module == PACKAGE:
             continue
         sub = _sub_of(module, root)
-        for target, line in _imports(path, root):
+        for target, line in imports:
             if target.startswith("deltawheel.benchmarks") and sub != "cli":
                 bad.append(f"{module} line {line} imports {target} (only the command line runs benchmarks)")
             dep = _executor_target(target, root)
@@ -118,7 +133,7 @@ def _task_violations(root: Path = EXECUTOR) -> list[str]:
         part = _task_part(module)
         if part is None:
             continue
-        for target, line in _imports(path, root):
+        for target, line in imports_of(path, root, PACKAGE):
             dep = _task_part(target) if target.startswith(PACKAGE + ".tasks.") else None
             if dep is None or dep == part or not ((root / "tasks" / dep).is_dir()
                                                   or (root / "tasks" / f"{dep}.py").is_file()):
@@ -162,16 +177,28 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
     assert any("tasks.upward" in b and "protocol.executor" in b for b in bad), bad
 
 
+def test_the_check_sees_a_server_importing_the_executor(tmp_path: Path) -> None:
+    """The local servers sit below the executor: a copy where one imports the drivers fails."""
+    import shutil
+
+    copy = tmp_path / "deltawheel"
+    for room in ROOMS:
+        shutil.copytree(ROOT / room, copy / room, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "servers" / "upward.py").write_text("from deltawheel.executor.drivers.engine import connect\n")
+    bad = _violations(EXECUTOR, copy)
+    assert any("servers.upward" in b and "drivers.engine" in b for b in bad), bad
+
+
 @pytest.mark.parametrize("sub", sorted(set().union(*FLOORS) - {"<api>", "testkit"}))
 def test_every_floor_named_is_a_package(sub: str) -> None:
-    assert (EXECUTOR / sub / "__init__.py").is_file()
+    assert ((ROOT if sub in ROOMS else EXECUTOR) / sub / "__init__.py").is_file()
 
 
 def _cli_commands() -> set[str]:
     """The command modules ``deltawheel``'s parser registers (cli/__init__.py's list)."""
     import ast
 
-    tree = ast.parse((EXECUTOR / "cli" / "__init__.py").read_text())
+    tree = ast.parse((ROOT / "cli" / "__init__.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.For) and isinstance(node.iter, ast.Tuple):
             return {e.value for e in node.iter.elts if isinstance(e, ast.Constant)}
@@ -184,9 +211,9 @@ def test_no_command_imports_another() -> None:
     assert {"status", "report", "run", "replay", "promote"} <= commands
     bad = []
     for name in sorted(commands):
-        path = EXECUTOR / "cli" / f"{name}.py"
-        for target, line in imports_of(path, EXECUTOR, "deltawheel.executor"):
-            other = target.removeprefix("deltawheel.executor.cli.").split(".")[0]
-            if target.startswith("deltawheel.executor.cli.") and other in commands and other != name:
+        path = ROOT / "cli" / f"{name}.py"
+        for target, line in imports_of(path, ROOT, "deltawheel"):
+            other = target.removeprefix("deltawheel.cli.").split(".")[0]
+            if target.startswith("deltawheel.cli.") and other in commands and other != name:
                 bad.append(f"cli/{name}.py:{line} imports the command {other}")
     assert not bad, bad

@@ -11,7 +11,6 @@ from dataclasses import replace
 
 import pytest
 from conftest import free_port
-from deltawheel.executor.cli import main as cli_main
 from deltawheel.statestore.clock import ManualClock
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import (
@@ -30,6 +29,8 @@ from deltawheel.statestore.zk.lease_tools import break_lease, list_leases
 from deltawheel.statestore.zk.leases import LeaseManager
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
+
+from deltawheel.cli import main as cli_main
 
 pytestmark = [pytest.mark.zk, pytest.mark.timeout(60)]
 

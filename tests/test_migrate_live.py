@@ -18,13 +18,13 @@ def _rows_version(spark, layout) -> int:  # type: ignore[no-untyped-def]
 
 
 def test_migrate_refuses_while_a_pipeline_runs_then_resumes(spark, migrated_store, zk_config, capsys) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.cli import main
     from deltawheel.executor.drivers.wiring import migrate_store
     from deltawheel.statestore.exceptions import StoreInUseError
     from deltawheel.statestore.zk.client import connect
     from executor_util import BucketCounter, events, start_executor, state_of, stop_executor
 
     from deltawheel import migrations
+    from deltawheel.cli import main
 
     batches = {b: [(f"r{b}-{i}", f"q{i % 3}", 1_000 * i) for i in range(6)] for b in range(4)}
     ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter())

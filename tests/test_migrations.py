@@ -313,7 +313,7 @@ def test_delta_files_are_folded_into_one_file_per_interval(spark, migrated_store
 def test_a_half_created_table_is_named_with_what_to_do(spark, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     """A _delta_log folder without any commit (a creation that failed part way) stops the migration
     with the folder to remove; once removed, the migration goes through."""
-    from deltawheel.executor.cli import main
+    from deltawheel.cli import main
 
     store = tmp_path / "store"
     (store / "_meta" / "_delta_log" / "_staged_commits").mkdir(parents=True)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port
-from deltawheel.executor.servers.s3proxy import S3ProxyServer
 from deltawheel.statestore.exceptions import (
     BucketMissingError,
     ObjectStoreAuthError,
@@ -21,6 +20,7 @@ from deltawheel.statestore.objectstore.client import S3Client, S3Endpoint
 from deltawheel.statestore.objectstore.s3a import configure_bucket
 
 from deltawheel import migrations
+from deltawheel.servers.s3proxy import S3ProxyServer
 
 pytestmark = [pytest.mark.objectstore]
 
@@ -82,7 +82,7 @@ def test_wrong_credentials_missing_bucket_and_stopped_server_are_typed(spark, ob
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", *args],
+    return subprocess.run([sys.executable, "-m", "deltawheel.cli", *args],
                           capture_output=True, text=True, timeout=180)
 
 
@@ -140,7 +140,7 @@ def test_migrate_on_an_s3a_store_takes_its_zookeeper_from_the_command_line(objec
     env = {k: v for k, v in object_store_env(object_store).items() if not k.startswith("DELTAWHEEL_ZK")}
 
     def migrate(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", "migrate", "--store", store, *args],
+        return subprocess.run([sys.executable, "-m", "deltawheel.cli", "migrate", "--store", store, *args],
                               capture_output=True, text=True, timeout=500, env=env)
 
     refused = migrate("--apply")  # no ZooKeeper anywhere: refused before anything is written

@@ -20,7 +20,7 @@ EVENTS, PER_BATCH = 3_000, 1_000
 
 
 def demo_cmd(store: Path | str, zk_hosts: str, chroot: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "deltawheel.executor.cli", "demo", "--store", str(store), "--events", str(EVENTS),
+    return [sys.executable, "-m", "deltawheel.cli", "demo", "--store", str(store), "--events", str(EVENTS),
             "--events-per-batch", str(PER_BATCH), "--zk", zk_hosts, "--zk-chroot", chroot, *extra]
 
 
@@ -33,11 +33,12 @@ def outputs(spark, store: Path | str) -> dict[str, list[tuple[str, str]]]:  # ty
 
 
 def run_in_process(spark, store: Path, zk_config) -> dict[str, list[tuple[str, str]]]:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.demo.pipeline import computations
-    from deltawheel.executor.demo.zeitgeist import GeneratorInjector, ZeitgeistParams
     from deltawheel.executor.drivers.pipeline import Pipeline
     from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.statestore.layout import StoreLayout
+
+    from deltawheel.demo.pipeline import computations
+    from deltawheel.demo.zeitgeist import GeneratorInjector, ZeitgeistParams
 
     layout = StoreLayout(str(store))
     inj = GeneratorInjector("queries", str(store / "_input"), ZeitgeistParams(n_events=EVENTS, seed=7),

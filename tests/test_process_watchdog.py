@@ -24,7 +24,7 @@ _STARTER = textwrap.dedent("""
     import os, sys, time
     if sys.argv[3] == "tie":
         os.environ[sys.argv[4]] = str(os.getpid())
-    from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
+    from deltawheel.servers.zookeeper import EmbeddedZooKeeper
     server = EmbeddedZooKeeper(sys.argv[1], port=int(sys.argv[2]))
     server.start()
     print(server.process.pid(), flush=True)

@@ -235,10 +235,11 @@ def test_the_demo_pipeline_with_late_events_delivers_every_production_once(spark
     each producer made."""
     import os
 
-    from deltawheel.executor.demo.pipeline import computations
-    from deltawheel.executor.demo.zeitgeist import GeneratorInjector, ZeitgeistParams
     from deltawheel.executor.drivers.pipeline import Pipeline
     from deltawheel.executor.drivers.runner import PipelineRunner
+
+    from deltawheel.demo.pipeline import computations
+    from deltawheel.demo.zeitgeist import GeneratorInjector, ZeitgeistParams
 
     layout = migrated_at(tmp_path / "store")  # a migrated copy: connect migrating a new store runs in test_connect.py
     params = ZeitgeistParams(n_events=3_000, seed=11, n_queries=8, late_fraction=0.05, late_by_ms=12_000,

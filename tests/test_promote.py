@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltawheel.executor.cli import main
 from deltawheel.statestore.exceptions import ReplayTargetError
+
+from deltawheel.cli import main
 
 pytestmark = pytest.mark.spark
 
@@ -133,9 +134,10 @@ def _predictions(spark: Any, store: Path) -> list[tuple[str, int, Any]]:
 
 
 def _pipeline(folder: Path, delay_ms: int) -> Any:
-    from deltawheel.executor.demo.pipeline import Model, window_counter
     from deltawheel.executor.drivers.pipeline import Pipeline
     from deltawheel.executor.sources.parquet import ParquetInjector
+
+    from deltawheel.demo.pipeline import Model, window_counter
 
     inj = ParquetInjector("queries", str(folder), key_column="query", event_time_column="event_time",
                           record_id_column="record_id", max_files_per_trigger=1, watermark_delay_ms=delay_ms)
@@ -151,11 +153,12 @@ def test_promote_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys) -
     rows are the promoted state plus what came after (the promoted ``panes`` count as promoted, the
     rest as an uninterrupted run of the model over the panes the live window_counter delivered), its
     predictions that run's: none twice, none lost."""
-    from deltawheel.executor.demo.zeitgeist import ZeitgeistParams, write_event_files
     from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.inspection.positions import computation_commits
     from deltawheel.statestore.layout import StoreLayout
+
+    from deltawheel.demo.zeitgeist import ZeitgeistParams, write_event_files
 
     params = ZeitgeistParams(n_events=6 * PER_FILE, seed=11, rate_per_s=20, n_queries=8)
     data = params.generate()
@@ -244,7 +247,7 @@ def expected_model(spark: Any, store: Path) -> tuple[dict[str, Any], list[tuple[
     """(per query, the demo model's state; its predictions as (key, timestamp, value), sorted) after
     every on-time pane of the store's window_counts stream, each window once, in window order: what
     an uninterrupted run of the model makes of that input (windows without a pane count 0)."""
-    from deltawheel.executor.demo.pipeline import HISTORY, WINDOW_MS
+    from deltawheel.demo.pipeline import HISTORY, WINDOW_MS
 
     panes: dict[str, dict[int, int]] = {}
     for r in spark.read.format("delta").load(f"{store}/streams/window_counts").collect():

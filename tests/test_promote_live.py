@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 import pytest
 import test_kafka
-from deltawheel.executor.cli import main
+
+from deltawheel.cli import main
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 
@@ -187,12 +188,12 @@ def test_promote_of_a_stage_fed_by_kafka_while_the_pipeline_runs(  # type: ignor
     """The same for a computation reading a Kafka topic: the replay re-reads each live batch's
     offset ranges, the promotion catches it up before and under the hand-over, and the pipeline goes
     on from the promoted state: every message counted once per card, each count produced once."""
-    from deltawheel.executor.servers.kafka import create_topic
     from deltawheel.statestore.layout import StoreLayout
     from kafka_pipeline import NAME, card_messages, make
     from test_kafka import kafka_ready, produce
 
     import deltawheel
+    from deltawheel.servers.kafka import create_topic
 
     kafka_ready(spark)
     servers, topic = kafka_broker.bootstrap_servers, "promote-cards"

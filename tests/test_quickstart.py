@@ -21,7 +21,7 @@ def dw(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
 
 def started(*args: str) -> subprocess.Popen[str]:
     """``deltawheel ARGS`` started (commands that only read the store run side by side)."""
-    return subprocess.Popen([sys.executable, "-m", "deltawheel.executor.cli", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "deltawheel.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 

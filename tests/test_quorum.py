@@ -153,8 +153,9 @@ def test_max_pause_stops_a_pipeline_run_whose_zookeeper_does_not_serve(spark, zk
 
 
 def test_demo_takes_max_pause_in_seconds(capsys: pytest.CaptureFixture[str]) -> None:
-    from deltawheel.executor.cli import build_parser
     from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
+
+    from deltawheel.cli import build_parser
 
     assert build_parser().parse_args(["demo", "--max-pause", "2.5"]).max_pause == 2.5
     assert build_parser().parse_args(["demo"]).max_pause == DEFAULT_MAX_PAUSE_S == 300.0  # the documented default

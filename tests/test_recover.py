@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from deltawheel.executor.cli import main as cli_main
 from deltawheel.executor.drivers.recover import computations_of, recover, scan
 from deltawheel.executor.protocol.faults import FaultPoint
 from deltawheel.statestore.exceptions import ConfigError, LeaseHeldError
 from deltawheel.statestore.zk.client import connect
 from deltawheel.statestore.zk.leases import LeaseManager
 from executor_util import BucketCounter, events, start_executor, stop_executor, stream_rows
+
+from deltawheel.cli import main as cli_main
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from deltawheel.executor.drivers.replay import registered_computation
 
-CLI = Path(__file__).resolve().parents[1] / "executor" / "cli"
+CLI = Path(__file__).resolve().parents[1] / "deltawheel" / "cli"
 
 
 def test_the_demo_is_found_by_its_pipeline_name_and_nothing_else_is() -> None:
-    from deltawheel.executor.demo.pipeline import computations
+    from deltawheel.demo.pipeline import computations
 
     for c in computations():
         found = registered_computation("zeitgeist", c.name)

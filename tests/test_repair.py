@@ -10,9 +10,10 @@ import re
 from typing import Any
 
 import pytest
-from deltawheel.executor.cli import main
 from deltawheel.statestore.exceptions import RepairStatementError
 from deltawheel.statestore.surgery.repair import parse_repair
+
+from deltawheel.cli import main
 
 
 def test_only_updates_and_deletes_of_the_state_view_are_repairs() -> None:
@@ -117,11 +118,12 @@ def test_repair_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys, ho
     import time
     import uuid
 
-    from deltawheel.executor.demo.zeitgeist import ZeitgeistParams, write_event_files
     from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
     from test_promote import PER_FILE, _all_read, _pipeline, _predictions, _state, expected_model
+
+    from deltawheel.demo.zeitgeist import ZeitgeistParams, write_event_files
 
     params = ZeitgeistParams(n_events=6 * PER_FILE, seed=11, rate_per_s=20, n_queries=8)
     data = params.generate()

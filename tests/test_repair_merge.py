@@ -10,11 +10,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from deltawheel.executor.cli import main
 from deltawheel.statestore.exceptions import ConfigError, RepairStatementError
 from deltawheel.statestore.surgery.repair import parse_repair
 from executor_util import BucketCounter
 from pyspark import cloudpickle
+
+from deltawheel.cli import main
 
 # Spark's Python workers cannot import test modules: ship this module's classes by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

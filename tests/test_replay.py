@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltawheel.executor.cli import main
+
+from deltawheel.cli import main
 
 pytestmark = pytest.mark.spark
 
@@ -23,16 +24,17 @@ EVENTS, PER_FILE = 3_000, 500
 
 
 def _params() -> Any:
-    from deltawheel.executor.demo.zeitgeist import ZeitgeistParams
+    from deltawheel.demo.zeitgeist import ZeitgeistParams
 
     return ZeitgeistParams(n_events=EVENTS, seed=11, rate_per_s=20, n_queries=8)
 
 
 def _run_live(spark: Any, store: Path, zk: Any, files: int) -> None:
-    from deltawheel.executor.demo.zeitgeist import write_event_files
     from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.statestore.layout import StoreLayout
     from replay_source import pipeline_for
+
+    from deltawheel.demo.zeitgeist import write_event_files
 
     params = _params()
     folder = str(store.parent / "input")
@@ -111,7 +113,7 @@ def test_replay_of_unchanged_code_from_the_middle_gives_an_empty_diff(spark, liv
 def _series(spark: Any, store: Path) -> dict[str, list[tuple[int, int]]]:
     """Per query, (window start, count) of every window from its first one on (a window without an
     on-time pane counts 0), from the live window_counts stream: the model's input, read directly."""
-    from deltawheel.executor.demo.pipeline import WINDOW_MS
+    from deltawheel.demo.pipeline import WINDOW_MS
 
     panes: dict[str, dict[int, int]] = {}
     for r in spark.read.format("delta").load(f"{store}/streams/window_counts").collect():
@@ -141,8 +143,9 @@ def _expected(series: list[tuple[int, int]]) -> dict[int, tuple[float, float]]:
 @pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
 def test_replay_with_a_changed_moving_average_differs_exactly_where_the_window_matters(  # type: ignore[no-untyped-def]
         spark, live, tmp_path, capsys) -> None:
-    from deltawheel.executor.demo.pipeline import WINDOW_MS
     from deltawheel.statestore.layout import StoreLayout
+
+    from deltawheel.demo.pipeline import WINDOW_MS
 
     store, ends, zk = live
     into, out = tmp_path / "shadow", tmp_path / "diff.json"
@@ -292,9 +295,10 @@ def test_diff_of_two_stores_from_the_command_line(spark, live, tmp_path, capsys)
 
 def test_code_must_import_and_be_the_computation_of_that_name() -> None:
     """``--code`` as a user gives it: MODULE:CLASS, checked before anything runs."""
-    from deltawheel.executor.demo.pipeline import Model
     from deltawheel.executor.drivers.replay import load_code
     from deltawheel.statestore.exceptions import ReplayCodeError
+
+    from deltawheel.demo.pipeline import Model
 
     with pytest.raises(ReplayCodeError, match="does not import"):
         load_code("no_such_module_here:Model", "model")
@@ -303,7 +307,7 @@ def test_code_must_import_and_be_the_computation_of_that_name() -> None:
     with pytest.raises(ReplayCodeError, match="not a Computation"):
         load_code("json:JSONDecoder", "model")
     with pytest.raises(ReplayCodeError, match="is computation 'detector', not 'model'"):
-        load_code("deltawheel.executor.demo.pipeline:Detector", "model")
+        load_code("deltawheel.demo.pipeline:Detector", "model")
     made = load_code("replay_model:WindowModel", "model")
     assert isinstance(made, Model) and type(made).__name__ == "WindowModel"
 
@@ -486,7 +490,6 @@ def _model_rows(spark: Any, rows: str) -> dict[str, tuple[int, Any]]:
 @pytest.mark.timeout(2400)  # the live store, two replays and a promotion: over 10 min on a loaded machine
 def test_a_replay_of_some_keys_diffs_only_them_and_its_promotion_replaces_only_their_intervals(  # type: ignore[no-untyped-def]
         spark, live, tmp_path, capsys) -> None:
-    from deltawheel.executor.demo.pipeline import WINDOW_MS
     from deltawheel.executor.drivers.promote import promote
     from deltawheel.executor.drivers.replay import plan_replay, replay
     from deltawheel.statestore.exceptions import ReplayTargetError
@@ -495,6 +498,8 @@ def test_a_replay_of_some_keys_diffs_only_them_and_its_promotion_replaces_only_t
     from deltawheel.statestore.surgery.audit import read_audit
     from deltawheel.statestore.zk.client import connect
     from replay_model import TaggedModel
+
+    from deltawheel.demo.pipeline import WINDOW_MS
 
     store, ends, zk = live
     layout = StoreLayout(str(store))

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltawheel.executor.cli import main
+
+from deltawheel.cli import main
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 
@@ -22,11 +23,12 @@ PER_FILE = 400
 def flushed(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
     """(store, ZkConfig, input folder): the demo's window_counter and model, run twice over a
     growing folder (2, then 4 files), each run ending with a flush."""
-    from deltawheel.executor.demo.zeitgeist import ZeitgeistParams, write_event_files
     from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
     from replay_source import pipeline_for
+
+    from deltawheel.demo.zeitgeist import ZeitgeistParams, write_event_files
 
     base = tmp_path_factory.mktemp("flush")
     store, folder = base / "store", str(base / "input")

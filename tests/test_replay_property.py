@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltawheel.executor.cli import main
 from live_runs import interrupted_runs, scenario
+
+from deltawheel.cli import main
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 

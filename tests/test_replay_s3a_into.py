@@ -9,8 +9,9 @@ import json
 import uuid
 
 import pytest
-from deltawheel.executor.cli import main
 from deltawheel.statestore.exceptions import ConfigError, ReplayTargetError
+
+from deltawheel.cli import main
 
 pytestmark = [pytest.mark.spark, pytest.mark.objectstore]
 
@@ -67,13 +68,14 @@ def test_replay_into_an_object_store_needs_its_zookeeper(monkeypatch, capsys) ->
 @pytest.mark.timeout(2400)
 def test_replay_into_s3a_then_promote_into_an_s3a_store_and_the_pipeline_goes_on(  # type: ignore[no-untyped-def]
         spark, s3_store_layout, zk_server, tmp_path, capsys) -> None:
-    from deltawheel.executor.demo.zeitgeist import ZeitgeistParams, write_event_files
     from deltawheel.executor.drivers.replay import read_marker
     from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.inspection.positions import computation_commits
     from deltawheel.statestore.layout import StoreLayout
     from test_promote import _pipeline, _predictions, _state, expected_model
+
+    from deltawheel.demo.zeitgeist import ZeitgeistParams, write_event_files
 
     layout = s3_store_layout
     store = layout.root

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltawheel.executor.cli import main
 from deltawheel.executor.computation import RECORD_KEY, Computation
 from deltawheel.executor.drivers.pipeline import Pipeline
 from deltawheel.executor.drivers.runner import PipelineRunner
@@ -32,6 +31,8 @@ from deltawheel.statestore.layout import StoreLayout
 from executor_util import state_of
 from pyspark import cloudpickle
 from rescale_instance import write_file
+
+from deltawheel.cli import main
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltawheel.executor.cli import main
+
+from deltawheel.cli import main
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltawheel.executor.cli import main
 from deltawheel.executor.drivers.pipeline import Pipeline
 from deltawheel.executor.drivers.runner import PipelineRunner
 from deltawheel.executor.protocol.rescale import CATCH_UP_BATCH
@@ -28,6 +27,8 @@ from deltawheel.statestore.zk.client import connect
 from executor_util import state_of
 from pyspark import cloudpickle
 from rescale_instance import KEYS, KeyCount, write_file
+
+from deltawheel.cli import main
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -15,13 +15,13 @@ import time
 
 import pytest
 from continuous_pipeline import click_rows, closing_rows, expected, make, outputs, write_file
-from deltawheel.executor.cli import main
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import interval_of
 from deltawheel.statestore.rowtable.store import RowStore
 from test_continuous import wait_for
 
 import deltawheel
+from deltawheel.cli import main
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 

@@ -154,9 +154,10 @@ def test_a_batch_whose_remote_positions_cannot_be_read_runs_with_them_unknown(st
 
 def _run_live(spark: Any, store: Any, zk: Any, folder: Path, files: int) -> None:
     """The demo's first two stages (tests/replay_source.py) on ``store`` over ``files`` input files."""
-    from deltawheel.executor.demo.zeitgeist import ZeitgeistParams, write_event_files
     from deltawheel.executor.drivers.runner import PipelineRunner
     from replay_source import pipeline_for
+
+    from deltawheel.demo.zeitgeist import ZeitgeistParams, write_event_files
 
     params = ZeitgeistParams(n_events=1_500, seed=11, rate_per_s=20, n_queries=8)
     write_event_files(params.generate().slice(0, files * 500), str(folder), events_per_batch=500,
@@ -171,11 +172,12 @@ def _run_live(spark: Any, store: Any, zk: Any, folder: Path, files: int) -> None
 @pytest.mark.timeout(2400)
 def test_a_pipeline_on_an_s3a_store_records_positions_and_replays_from_the_middle_to_an_empty_diff(  # type: ignore[no-untyped-def]
         spark, s3_store_layout, zk_server, tmp_path, capsys, monkeypatch) -> None:
-    from deltawheel.executor.cli import main
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.inspection.positions import computation_commits, replay_horizon
     from deltawheel.statestore.layout import StoreLayout
     from replay_source import INPUT_ENV
+
+    from deltawheel.cli import main
 
     store = s3_store_layout
     zk = ZkConfig(hosts=zk_server.hosts, chroot=f"/s3live-{uuid.uuid4().hex[:8]}")

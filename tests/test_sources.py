@@ -1,4 +1,4 @@
-"""Injectors (executor/sources/) and the Zeitgeist generator (executor/demo/zeitgeist.py).
+"""Injectors (executor/sources/) and the Zeitgeist generator (deltawheel/demo/zeitgeist.py).
 
 Streams are consumed with real Spark file / Delta streaming sources
 (``trigger(availableNow=True)`` into ``foreachBatch``); watermarks are
@@ -16,14 +16,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from deltawheel.executor.demo.zeitgeist import (
-    AnomalySchedule,
-    GeneratorInjector,
-    ZeitgeistParams,
-    generate_queries,
-    table_digest,
-    write_event_files,
-)
 from deltawheel.executor.sources.delta import DeltaTableInjector
 from deltawheel.executor.sources.injector import BatchStats, Injector, MaxSeenMinusBound, publish_watermark
 from deltawheel.executor.sources.parquet import ParquetInjector
@@ -31,6 +23,15 @@ from deltawheel.statestore.exceptions import ConfigError, StaleSequencerError
 from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 from deltawheel.statestore.zk.client import connect
 from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
+
+from deltawheel.demo.zeitgeist import (
+    AnomalySchedule,
+    GeneratorInjector,
+    ZeitgeistParams,
+    generate_queries,
+    table_digest,
+    write_event_files,
+)
 
 #: 300 events in 3 files of 100; rate 100/s, so ~1 s of base time per file.
 SMALL = ZeitgeistParams(n_events=300, seed=11, late_fraction=0.05, late_after_events=100)

@@ -18,7 +18,6 @@ from typing import Any
 import msgpack
 import pytest
 from conftest import copy_migrated_store, free_port
-from deltawheel.executor.cli import main
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.inspection.sqlviews import inspect_key, register_views, run_sql
 from deltawheel.statestore.layout import StoreLayout
@@ -32,6 +31,8 @@ from deltawheel.statestore.rowtable.rows import (
     rows_schema_ddl,
 )
 from deltawheel.statestore.writepath.streams import ensure_stream_table, list_streams, stream_schema_ddl
+
+from deltawheel.cli import main
 
 pytestmark = pytest.mark.spark
 
@@ -206,7 +207,7 @@ def test_cli_in_process(store, tmp_path, capsys) -> None:  # type: ignore[no-unt
 @pytest.mark.slow
 def test_cli_subprocess_csv(store, tmp_path) -> None:  # type: ignore[no-untyped-def]
     proc = subprocess.run(
-        [sys.executable, "-m", "deltawheel.executor.cli", "sql", "--store", store.root, "--format", "csv",
+        [sys.executable, "-m", "deltawheel.cli", "sql", "--store", store.root, "--format", "csv",
          "SELECT key, state_json FROM state ORDER BY key"],
         capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path,
     )
@@ -235,7 +236,7 @@ def test_sql_server_with_sqlalchemy(store, tmp_path) -> None:  # type: ignore[no
     port = free_port()
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "deltawheel.executor.cli", "sql-server", "--store", store.root,
+        [sys.executable, "-m", "deltawheel.cli", "sql-server", "--store", store.root,
          "--port", str(port)],
         stdout=subprocess.PIPE, stderr=log, text=True, env=ENV, cwd=tmp_path,
     )

@@ -55,7 +55,7 @@ def _run_pipeline(spark: Any, layout: Any, zk_config: Any, *, keep_running: bool
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``deltawheel ARGS`` as a user runs it (a fresh process, its exit code and output)."""
-    return subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "deltawheel.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)
 
 
@@ -182,10 +182,11 @@ def test_status_shows_owners_watermarks_batches_and_dead_letters(spark, migrated
 def _status_and_scan(spark: Any, layout: Any, zk_config: Any) -> tuple[str, int, int]:
     """``status``'s text, and what ``recover``'s dry run finds in the rows and streams: the
     productions still checkpointed, and how many of them are not in their stream."""
-    from deltawheel.executor.cli.statustext import render
     from deltawheel.executor.drivers.recover import scan
     from deltawheel.executor.drivers.status import gather
     from deltawheel.statestore.zk.client import connect
+
+    from deltawheel.cli.statustext import render
 
     client = connect(zk_config)
     try:
@@ -359,7 +360,7 @@ class _Cdp:
 
 
 def test_report_page_loads_in_headless_chromium_with_every_plot(finished, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.cli.report import PLOTS
+    from deltawheel.cli.report import PLOTS
 
     binary = _chromium()
     if binary is None:

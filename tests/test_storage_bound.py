@@ -105,13 +105,13 @@ def _figures(layout, zk) -> dict[str, tuple[int, int, int]]:  # type: ignore[no-
 
 @pytest.mark.timeout(3600)
 def test_storage_stays_bounded_as_input_grows_and_a_crash_resumes_exactly(spark, zk_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.cli import main
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.zk.leases import LeaseManager
     from executor_util import BucketCounter, state_of, stream_rows
 
     from deltawheel import migrations
+    from deltawheel.cli import main
 
     stores = {}
     for name in ("gcd", "clean"):

@@ -79,9 +79,10 @@ STREAMS = ("window_counts", "predictions", "anomalies", "window_counts_dropped")
 
 
 def test_scale_refuses_what_is_not_a_positive_number_and_starts_nothing(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.cli import main
-    from deltawheel.executor.demo.zeitgeist import scaled_events
     from deltawheel.statestore.exceptions import ConfigError
+
+    from deltawheel.cli import main
+    from deltawheel.demo.zeitgeist import scaled_events
 
     assert scaled_events(DEFAULT_EVENTS, 10) == 200_000
     assert scaled_events(DEFAULT_EVENTS, 0.05) == 1_000
@@ -109,10 +110,11 @@ def test_scale_sets_the_generated_input(tmp_path) -> None:  # type: ignore[no-un
     """The input ``deltawheel demo --scale 0.05`` generates (without running the pipeline: the
     slow test below runs it at 1x, 5x and 10x)."""
     import pyarrow.parquet as pq
-    from deltawheel.executor.cli import build_parser
-    from deltawheel.executor.cli.common import layout_from
-    from deltawheel.executor.cli.demo import demo_injector
     from deltawheel.statestore.exceptions import ConfigError
+
+    from deltawheel.cli import build_parser
+    from deltawheel.cli.common import layout_from
+    from deltawheel.cli.demo import demo_injector
 
     store = tmp_path / "store"
     args = build_parser().parse_args(["demo", "--store", str(store), "--scale", "0.05", "--events-per-batch", "400"])
@@ -135,9 +137,10 @@ def test_scale_sets_the_generated_input(tmp_path) -> None:  # type: ignore[no-un
 def test_dedup_retention_refuses_what_is_not_a_positive_duration_and_starts_nothing(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     from datetime import timedelta
 
-    from deltawheel.executor.cli import main
-    from deltawheel.executor.cli.demo import parse_retention
     from deltawheel.statestore.exceptions import ConfigError
+
+    from deltawheel.cli import main
+    from deltawheel.cli.demo import parse_retention
 
     assert parse_retention("60s") == timedelta(seconds=60)
     assert parse_retention("2.5m") == timedelta(seconds=150)
@@ -159,10 +162,11 @@ def test_dedup_retention_reaches_every_stage_and_its_spark_tasks(spark) -> None:
     demo's classes (other pipelines' computations) keep the default."""
     from datetime import timedelta
 
-    from deltawheel.executor.cli import build_parser
-    from deltawheel.executor.cli.demo import demo_computations
     from deltawheel.executor.computation import Computation
-    from deltawheel.executor.demo.pipeline import Detector, Model, computations
+
+    from deltawheel.cli import build_parser
+    from deltawheel.cli.demo import demo_computations
+    from deltawheel.demo.pipeline import Detector, Model, computations
 
     comps = demo_computations(build_parser().parse_args(["demo", "--dedup-retention", "90s"]))
     assert [c.name for c in comps] == ["window_counter", "model", "detector"]
@@ -372,11 +376,12 @@ def _kill_mid_run(cmd: list[str]) -> None:
 @pytest.mark.timeout(3600)
 def test_demo_storage_stays_bounded_at_1x_5x_10x_and_a_kill_resumes_exactly(spark, zk_server, tmp_path,  # type: ignore[no-untyped-def]
                                                                            capsys) -> None:
-    from deltawheel.executor.cli import main
-    from deltawheel.executor.cli.demo import parse_retention
-    from deltawheel.executor.demo.pipeline import computations
-    from deltawheel.executor.demo.zeitgeist import ZeitgeistParams
     from deltawheel.migrations import MIGRATIONS
+
+    from deltawheel.cli import main
+    from deltawheel.cli.demo import parse_retention
+    from deltawheel.demo.pipeline import computations
+    from deltawheel.demo.zeitgeist import ZeitgeistParams
 
     horizon_s = parse_retention(retention()).total_seconds()
     comps = computations(dedup_retention=parse_retention(retention()))
@@ -443,7 +448,7 @@ def test_demo_storage_stays_bounded_at_1x_5x_10x_and_a_kill_resumes_exactly(spar
         if scale == 1:  # a run killed mid-way, then the same command again: the uninterrupted run's rows
             killed = tmp_path / "killed"
             args = demo_args(killed, scale, zk_server.hosts, "/bound-killed")
-            _kill_mid_run([sys.executable, "-m", "deltawheel.executor.cli", *args])
+            _kill_mid_run([sys.executable, "-m", "deltawheel.cli", *args])
             assert main(args) == 0
             assert "in this run, of 20000 generated" in capsys.readouterr().out
             assert outputs(spark, killed) == reference

@@ -10,10 +10,11 @@ import sys
 import time
 
 import pytest
-from deltawheel.executor.cli import main
 from deltawheel.gc.streamretention import stream_retention
 from executor_util import BucketCounter, events, start_executor, stop_executor, stream_rows
 from pyspark import cloudpickle
+
+from deltawheel.cli import main
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark's workers cannot import test modules

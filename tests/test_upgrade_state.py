@@ -8,13 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from deltawheel.executor.cli import main
 from deltawheel.executor.exceptions import StateUpgradeError
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import ConfigError, NotAStoreError, ReplayCodeError
 from deltawheel.statestore.rowtable.rows import FENCE_KEY
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
 from ttl_util import TotalsV1, TotalsV2, TotalsV2Broken
+
+from deltawheel.cli import main
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 
@@ -161,7 +162,7 @@ def test_an_upgrade_that_raises_or_a_newer_row_refuses_the_whole_upgrade() -> No
 
 def main_raising(argv: list[str]) -> None:
     """The command's function on parsed ``argv``, raising its error (``main`` prints it)."""
-    from deltawheel.executor.cli import build_parser
+    from deltawheel.cli import build_parser
 
     args = build_parser().parse_args(argv)
     args.func(args)

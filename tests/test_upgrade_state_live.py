@@ -12,9 +12,10 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from deltawheel.executor.cli import main
 from test_state_ttl_pipeline import J, T, injector, rows_of, write_clicks
 from ttl_util import TotalsV1, TotalsV2
+
+from deltawheel.cli import main
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 

@@ -105,7 +105,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_imports_everything(tmp_path: P
     outside = {m: f for m, f in got["modules"].items() if not f.startswith(fresh_site)}
     assert outside == {}, "modules imported from outside the installed wheel"
     assert _source_packages() <= set(got["modules"]) | {"deltawheel"}
-    assert "deltawheel/executor/cli/__main__.py" in names
+    assert "deltawheel/cli/__main__.py" in names
 
     cli = subprocess.run([str(venv / "bin" / "deltawheel"), "--help"], capture_output=True, text=True, cwd=tmp_path,
                          env=clean)
@@ -113,7 +113,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_imports_everything(tmp_path: P
     listed = {line.split()[0] for line in cli.stdout.splitlines() if line.startswith("    ") and line.split()}
     assert {"demo", "status", "report", "sql", "recover", "reseed", "gc", "bench", "migrate", "zk", "objectstore",
             "cluster", "setup"} <= listed, cli.stdout
-    module = subprocess.run([str(py), "-m", "deltawheel.executor.cli", "--help"], capture_output=True, text=True,
+    module = subprocess.run([str(py), "-m", "deltawheel.cli", "--help"], capture_output=True, text=True,
                             cwd=tmp_path, env=clean)
     assert module.returncode == 0 and module.stdout == cli.stdout, module.stderr
 
@@ -170,7 +170,7 @@ def test_the_installed_wheel_runs_the_demo_and_an_embedded_job_outside_the_repos
     assert panes > 0 and len(_delta_rows(store / "streams" / "window_counts")) == panes
     anomalies = [json.loads(bytes(r["value"])) for r in _delta_rows(store / "streams" / "anomalies")]  # type: ignore[arg-type]
     # the planted spike (query rank 5) and dip (rank 0, absent during the dip) are found
-    from deltawheel.executor.demo.zeitgeist import AnomalySchedule, query_name
+    from deltawheel.demo.zeitgeist import AnomalySchedule, query_name
 
     found = {(a["kind"], a["query"]) for a in anomalies}
     assert {("spike", query_name(AnomalySchedule.spike_rank)), ("dip", query_name(AnomalySchedule.dip_rank))} <= found

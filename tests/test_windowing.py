@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pytest
-from deltawheel.executor.cli import main as cli_main
 from deltawheel.executor.computation import Record
 from deltawheel.executor.tasks.usercode.keyrun import UserCodeError, run_key
 from deltawheel.executor.windowing.combiners import (
@@ -54,6 +53,8 @@ from deltawheel.executor.windowing.windows import (
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.rowtable.rows import KeyRow, TimeDomain
+
+from deltawheel.cli import main as cli_main
 
 J = get_codec("json")
 SCENARIOS = Path(__file__).parent / "scenarios"

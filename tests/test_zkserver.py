@@ -12,9 +12,10 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import free_port
-from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper, four_letter_word
 from deltawheel.statestore.exceptions import ZooKeeperServerError
 from deltawheel.statestore.process import find_java
+
+from deltawheel.servers.zookeeper import EmbeddedZooKeeper, four_letter_word
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -102,7 +103,7 @@ def test_missing_java_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", *args],
+    return subprocess.run([sys.executable, "-m", "deltawheel.cli", *args],
                           capture_output=True, text=True, timeout=90)
 
 
@@ -168,7 +169,7 @@ def test_the_server_runs_from_zookeepers_own_jars_and_serves_a_client(tmp_path: 
 
 
 def test_a_jars_folder_laid_out_otherwise_goes_on_the_classpath_whole(tmp_path: Path) -> None:
-    from deltawheel.executor.servers.zookeeper import pyspark_jars_dir, server_classpath
+    from deltawheel.servers.zookeeper import pyspark_jars_dir, server_classpath
 
     (tmp_path / "zookeeper-all-3.9.jar").write_bytes(b"")
     (tmp_path / "log4j-core-2.jar").write_bytes(b"")

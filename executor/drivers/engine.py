@@ -19,10 +19,11 @@ from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.session.sparkenv import check_session
 from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 
+from deltawheel.servers.embedded import ensure_zookeeper
+
 from ..computation import RECORD_KEY, Computation
 from ..protocol.executor import ComputationExecutor
 from ..protocol.reports import BatchReport
-from ..servers.embedded import ensure_zookeeper
 from ..sources.injector import Injector, publish_watermark
 from .continuous import ContinuousRun
 from .inputs import event_bounds

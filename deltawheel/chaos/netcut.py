@@ -1,0 +1,146 @@
+"""The ``net-cut`` fault: a driver's network to ZooKeeper (and S3Proxy) cut and restored through
+the run's own Toxiproxy (docs/reliability.md, "What runs").
+
+A cut disables every proxy of one driver; the store's local folder is not cut, so a driver cut
+past its session timeout is a partitioned zombie that fencing must stop. :func:`member_session`
+reads, on the direct addresses, whether its session expired.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kazoo.exceptions import KazooException
+
+from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.exceptions import ObjectStoreServerError, ZooKeeperServerError
+from deltawheel.statestore.process import free_ports
+from deltawheel.statestore.zk import members
+from deltawheel.statestore.zk.client import connect
+
+from ..servers.toxiproxy import ToxiproxyServer, ensure_toxiproxy
+from .bank import PIPELINE
+from .faults import INSTANCES
+
+__all__ = ["NetCut", "member_session", "session_after", "start_net_cut", "toxiproxy_missing"]
+
+
+def toxiproxy_missing() -> str | None:
+    """None where the Toxiproxy server can run (built once with ``go install`` into the per-user
+    cache if needed), else why not (no Go, the build failed)."""
+    try:
+        ensure_toxiproxy(quiet=True)
+    except ObjectStoreServerError as exc:
+        return " ".join(str(exc).split())[:300]
+    return None
+
+
+
+def start_net_cut(folder: Path, *, zk: list[str], s3: str | None) -> NetCut | str:
+    """A started :class:`NetCut` with the proxies of every driver of :data:`.faults.INSTANCES`, or
+    why not (Toxiproxy missing, the server or a proxy failed) on one line."""
+    reason = toxiproxy_missing()
+    if reason is not None:
+        return reason
+    cut = NetCut(folder, zk=zk, s3=s3)
+    try:
+        cut.start(INSTANCES)
+    except ObjectStoreServerError as exc:
+        return " ".join(str(exc).split())[:300]
+    return cut
+
+
+def _member_session(hosts: str, chroot: str, instance: str) -> int | None:
+    client = connect(ZkConfig(hosts=hosts, chroot=chroot, session_timeout_s=10.0), timeout_s=15.0)
+    try:
+        return members.member_session(client, PIPELINE, instance)
+    finally:
+        client.stop()
+        client.close()
+
+
+def member_session(hosts: str, chroot: str, instance: str) -> int | None:
+    """The id of the session holding ``instance``'s membership of the chaos pipeline, read on
+    ``hosts`` (the direct addresses, not the proxies); None: not a member, or no answer."""
+    try:
+        return _member_session(hosts, chroot, instance)
+    except (ZooKeeperServerError, KazooException):
+        return None
+
+
+def session_after(hosts: str, chroot: str, instance: str, before: int | None) -> str:
+    """Whether ``instance``'s session of ``before`` (:func:`member_session` before a cut) ``held``
+    or ``expired`` (its member znode gone or another session's), or why that is ``unknown``."""
+    if before is None:
+        return "unknown (no member znode before the cut)"
+    try:
+        return "held" if _member_session(hosts, chroot, instance) == before else "expired"
+    except (ZooKeeperServerError, KazooException) as exc:
+        return f"unknown (ZooKeeper did not answer: {type(exc).__name__})"
+
+
+class NetCut:
+    """A Toxiproxy server in ``folder`` with each driver's proxies to the ZooKeeper servers at
+    ``zk`` (``host:port`` each) and to S3Proxy at ``s3`` (``host:port``, or None: no S3 proxy)."""
+
+    def __init__(self, folder: Path, *, zk: list[str], s3: str | None = None) -> None:
+        self.folder = folder
+        self.zk, self.s3 = list(zk), s3
+        self.server: ToxiproxyServer | None = None
+        self.ports: dict[str, int] = {}  # proxy name -> its listening port
+
+    def start(self, instances: tuple[str, ...]) -> None:
+        """Start the server (it dies with the process named by ``DELTAWHEEL_SERVERS_DIE_WITH``, as
+        every server the run starts) and make each instance's proxies, enabled.
+
+        Raises:
+            ObjectStoreServerError: no Toxiproxy binary, the server did not answer, or a proxy was
+                refused (the server is stopped again)."""
+        names = [f"{i}-zk{n}" for i in instances for n in range(1, len(self.zk) + 1)]
+        names += [f"{i}-s3" for i in instances] if self.s3 is not None else []
+        api, *listen = free_ports(1 + len(names))
+        self.server = ToxiproxyServer(self.folder, port=api)
+        self.server.start()
+        try:
+            for name, port in zip(names, listen, strict=True):
+                upstream = self.s3 if name.endswith("-s3") else self.zk[int(name.rsplit("zk", 1)[1]) - 1]
+                assert upstream is not None
+                self.server.proxy(name, listen_port=port, upstream=upstream)
+                self.ports[name] = port
+        except BaseException:
+            self.stop()
+            raise
+
+    def hosts(self, instance: str) -> str:
+        """``instance``'s ZooKeeper connection string: its proxies, one per server."""
+        assert self.server is not None
+        return ",".join(f"{self.server.host}:{self.ports[f'{instance}-zk{n}']}" for n in range(1, len(self.zk) + 1))
+
+    def s3_endpoint(self, instance: str) -> str:
+        """``instance``'s S3 endpoint URL: its proxy to S3Proxy."""
+        assert self.server is not None
+        return f"http://{self.server.host}:{self.ports[f'{instance}-s3']}"
+
+    def proxies(self, instance: str) -> list[str]:
+        """The names of ``instance``'s proxies."""
+        return [name for name in self.ports if name.split("-", 1)[0] == instance]
+
+    def cut(self, instance: str) -> list[str]:
+        """Disable every proxy of ``instance``; returns their names."""
+        return self._set(instance, False)
+
+    def restore(self, instance: str) -> list[str]:
+        """Enable every proxy of ``instance`` again; returns their names."""
+        return self._set(instance, True)
+
+    def _set(self, instance: str, enabled: bool) -> list[str]:
+        assert self.server is not None
+        names = self.proxies(instance)
+        for name in names:
+            self.server.set_enabled(name, enabled)
+        return names
+
+    def stop(self) -> None:
+        """Stop the server (idempotent)."""
+        if self.server is not None:
+            self.server.stop()

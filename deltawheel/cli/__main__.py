@@ -1,0 +1,7 @@
+"""``python -m deltawheel.cli``: the ``deltawheel`` command line."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,70 @@
+"""``deltawheel submit-args`` and ``deltawheel pack-env``: what ``spark-submit`` needs (docs/deploy.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``submit-args`` and ``pack-env``."""
+    p = subparsers.add_parser("submit-args", help="print the --jars/--conf/--archives options spark-submit needs "
+                                                  "for a deltawheel job")
+    p.add_argument("--object-store", action="store_true", help="tables on s3a://: the S3A jars and the log store "
+                                                               "arbitrated by ZooKeeper")
+    p.add_argument("--archive", default=None, help="the packed environment (pack-env): executors run its Python")
+    p.add_argument("--deploy-mode", choices=("client", "cluster"), default="client",
+                   help="client: the driver runs here on this Python (default); cluster: on the archive's")
+    p.add_argument("--zk", default=None, help="ZooKeeper host:port[,...] for the s3a:// log store "
+                                              "(default $DELTAWHEEL_ZK)")
+    p.add_argument("--s3-endpoint", default=None, help="the object store's URL (with --s3-access-key/--s3-secret-key; "
+                                                       "default $DELTAWHEEL_S3_ENDPOINT and its keys)")
+    p.add_argument("--s3-access-key", default="")
+    p.add_argument("--s3-secret-key", default="")
+    p.add_argument("--driver-python", default=None, help="the driver's Python (client mode: default this one; "
+                                                         "cluster mode: the cluster's, with pyspark)")
+    p.add_argument("--job", default=None, help="cluster mode: the job's .py file (carried by the launcher)")
+    p.add_argument("--bundle", default=None, help="cluster mode: folder to copy the jars, archive and launcher "
+                                                  "into, for an HTTP server the hosts reach")
+    p.add_argument("--base-url", default=None, help="cluster mode: the URL that serves --bundle")
+    p.add_argument("--words", action="store_true", help="one word per line (for scripts) instead of shell lines")
+    p.set_defaults(func=_submit_args)
+    q = subparsers.add_parser("pack-env", help="pack a virtual environment with deltawheel for spark-submit "
+                                               "--archives (venv-pack)")
+    q.add_argument("output", help="the archive to write, e.g. env.tar.gz")
+    q.add_argument("--python", default=None, help="the interpreter to make it from; the cluster's hosts need "
+                                                  "it at the same path (default: this one's base)")
+    q.add_argument("--wheel", default=None, help="a built deltawheel wheel (default: built from this source tree)")
+    q.add_argument("--with", dest="extra", action="append", default=[], help="another requirement (repeatable)")
+    q.add_argument("--keep-pyspark", action="store_true", help="ship pyspark too (left out by default: the "
+                                                               "cluster's Spark provides it)")
+    q.set_defaults(func=_pack_env)
+
+
+def _submit_args(args: argparse.Namespace) -> int:
+    import os
+
+    from deltawheel.executor.drivers.deploy import submit_args
+    from deltawheel.statestore.objectstore.client import S3Endpoint
+    from deltawheel.statestore.objectstore.s3a import endpoint_from_env
+
+    endpoint = (S3Endpoint(url=args.s3_endpoint, access_key=args.s3_access_key, secret_key=args.s3_secret_key)
+                if args.s3_endpoint else endpoint_from_env())
+    sa = submit_args(object_store=args.object_store, archive=args.archive, deploy_mode=args.deploy_mode,
+                     endpoint=endpoint, zk=args.zk or os.environ.get("DELTAWHEEL_ZK") or None,
+                     driver_python=args.driver_python, job=Path(args.job).resolve() if args.job else None,
+                     bundle=Path(args.bundle).resolve() if args.bundle else None, base_url=args.base_url)
+    print("\n".join(sa.argv()) if args.words else sa.lines())
+    return 0
+
+
+def _pack_env(args: argparse.Namespace) -> int:
+    from deltawheel.executor.drivers.deploy import pack_environment
+
+    out = pack_environment(Path(args.output).resolve(), python=args.python,
+                           wheel=Path(args.wheel).resolve() if args.wheel else None, extra=tuple(args.extra),
+                           keep_pyspark=args.keep_pyspark)
+    print(out)
+    return 0

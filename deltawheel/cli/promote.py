@@ -1,0 +1,105 @@
+"""``deltawheel promote``: a replay's state replaces the live one's, fenced and audited (docs/replay.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .common import (
+    add_handover_args,
+    add_live_args,
+    add_zk_spark_args,
+    computation_code,
+    handover_wait_s,
+    int_list,
+    layout_from,
+    spark_from,
+    store_zookeeper,
+)
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``promote`` subcommand to ``subparsers``."""
+    p = subparsers.add_parser(
+        "promote", help="replace a live computation's state with a replay's (caught up first, under the leases; "
+                        "docs/replay.md)")
+    p.add_argument("--from", dest="source_folder", required=True, help="the replay's folder (`deltawheel replay --into`)")
+    add_live_args(p, "the computation the replay replayed")
+    p.add_argument("--code", help="MODULE:CLASS the catch-up runs (default: the code the replay ran)")
+    p.add_argument("--source", metavar="MODULE:PIPELINE",
+                   help="the live pipeline (what `deltawheel run MODULE:PIPELINE` takes): its injectors feed the "
+                        "catch-up of a computation that reads one (default: the one `deltawheel replay --source` "
+                        "recorded)")
+    p.add_argument("--intervals", help="I,J: promote only these intervals (default: all, or those a partial "
+                                       "replay replayed)")
+    add_handover_args(p)
+    p.add_argument("--no-catch-up", action="store_true",
+                   help="refuse a replay behind the live input position instead of continuing it")
+    p.add_argument("--plan", action="store_true", help="print what it would do, change nothing")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_zk_spark_args(p, timeout=True)
+    p.set_defaults(func=_run)
+
+
+def _source(args: argparse.Namespace, marker: dict[str, Any]) -> Any:
+    """The live pipeline: ``--source``'s, else the one the replay recorded (None: none given)."""
+    spec = args.source or marker.get("source")
+    if not spec:
+        return None
+    from deltawheel.executor.drivers.pipeline import load_pipeline
+
+    return load_pipeline(spec)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from deltawheel.executor.drivers.promote import check_replay, plan_promote, promote, promote_intervals
+    from deltawheel.executor.drivers.replay import shadow_chroot
+    from deltawheel.statestore.config import ZkConfig
+    from deltawheel.statestore.surgery.timeline import Timeline
+
+    timeline = Timeline(say=(lambda line: print(line, flush=True)) if args.verbose and not args.json else None)
+    with timeline.phase("the tool's start: the replay's marker, its code, Spark"):
+        store = layout_from(args)
+        into = layout_from(argparse.Namespace(store=args.source_folder))
+        spark = None if into.is_local else spark_from(args)  # an s3a:// replay is read with the session's settings
+        marker = check_replay(store, into, pipeline=args.pipeline, computation=args.computation, spark=spark)
+        source = _source(args, marker)  # before Spark and ZooKeeper: a --source that does not import is
+        code = computation_code(  # refused at once, and so is a bad --code (else the replay's, the live class)
+            args, args.code or marker.get("code"), "the replay does not record its code: give --code "
+            f"MODULE:CLASS, or --source MODULE:PIPELINE (the live pipeline), for computation {args.computation!r}",
+            source=source)
+        injectors = () if source is None else tuple(source.injectors)
+        intervals = promote_intervals(marker, int_list(args.intervals, "--intervals"), type(code).num_intervals,
+                                      into=into.root)
+        spark = spark or spark_from(args)
+    if args.plan:
+        plan = plan_promote(spark, store=store, into=into, pipeline=args.pipeline, computation=args.computation,
+                            num_intervals=type(code).num_intervals, intervals=intervals)
+        print(plan.describe())
+        return 0
+    with store_zookeeper(args) as (_, cfg, client):
+        shadow = None if args.zk is None else ZkConfig(hosts=cfg.hosts, chroot=shadow_chroot(cfg.chroot, into),
+                                                       digest=cfg.digest, session_timeout_s=cfg.session_timeout_s)
+        say = None if args.json else (lambda line: print(line, flush=True))
+        r = promote(spark, store=store, into=into, client=client, pipeline=args.pipeline, code=code,
+                    injectors=injectors, shadow_zk=shadow, wait_s=handover_wait_s(args), no_wait=args.no_wait,
+                    catch_up=not args.no_catch_up, progress=say, intervals=intervals, timeline=timeline)
+    if args.json:
+        print(json.dumps({"computation": r.computation, "intervals": list(r.intervals),
+                          "rows_written": len(r.upserted), "rows_deleted": len(r.deleted), "version": r.version,
+                          "audit_id": r.audit_id, "paused_s": timeline.pause_s(),
+                          "phases": [{"phase": p.name, "start_s": p.start_ms / 1000,
+                                      "seconds": (p.end_ms - p.start_ms) / 1000, "paused": p.paused}
+                                     for p in timeline.phases]}, indent=2))
+    else:
+        where = (f"at rows version {r.version}; audit record {r.audit_id} (deltawheel sql --store {store.root} "
+                 "\"SELECT * FROM audit\")") if r.version is not None else \
+            f"(no commit: the replay's rows equal the live ones); audit record {r.audit_id}"
+        print(f"promoted {into.root} to {r.computation}: {len(r.upserted)} keys written, {len(r.deleted)} deleted "
+              f"{where}; the leases are given back, the pipeline goes on from the promoted state")
+        if args.verbose and timeline.pause_line():  # (each phase was printed as it ended)
+            print(timeline.pause_line())
+    return 0

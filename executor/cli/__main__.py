@@ -1,7 +1,0 @@
-"""``python -m deltawheel.executor.cli``: the ``deltawheel`` command line."""
-
-import sys
-
-from . import main
-
-sys.exit(main())

@@ -1,10 +1,9 @@
-"""Shipping a deltawheel job the Spark way: the log store jars built into the wheel, the options
+"""Shipping a deltawheel job the Spark way (the log store jars in the wheel: test_wheel.py): the options
 ``deltawheel submit-args`` prints, the environment ``deltawheel pack-env`` packs, and executors on
 hosts that share nothing running from that archive only (docs/deploy.md)."""
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import subprocess
@@ -51,27 +50,6 @@ def test_submit_args_refuses_an_unknown_deploy_mode() -> None:
 
     with pytest.raises(ConfigError, match="deploy mode 'yarn': choose client or cluster"):
         submit_args(deploy_mode="yarn")
-
-
-@pytest.mark.timeout(600)
-def test_wheel_carries_the_log_store_jars(tmp_path: Path) -> None:
-    from deltawheel.statestore.jars import compile_jar
-    from test_wheel import _build_wheel
-
-    wheel = _build_wheel(tmp_path)
-    with zipfile.ZipFile(wheel) as z:
-        inside = [n for n in z.namelist() if n.startswith("deltawheel/statestore/lib/")]
-        one = zipfile.ZipFile(io.BytesIO(z.read(inside[0])))
-    # the names compile_jar looks for: the same digests as the jars it compiles itself
-    sources = ("statestore/session/ExclusiveLocalLogStore.java", "statestore/objectstore/ZkS3LogStore.java",
-               "statestore/objectstore/DirectCheckpointFileManager.java")
-    want = set()
-    for s in sources:
-        jar = compile_jar(REPO / s)
-        assert jar is not None
-        want.add(jar.name)
-    assert {Path(n).name for n in inside} == want
-    assert one.namelist() and all(n.endswith(".class") for n in one.namelist())
 
 
 def pack(dest: Path) -> Path:

@@ -3,6 +3,7 @@ fresh virtual environment, and import everything from there (not from this check
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -72,9 +73,14 @@ def _build_wheel(tmp_path: Path) -> Path:
     return wheel
 
 
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel of this checkout, built once for this module's tests."""
+    return _build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
 @pytest.mark.timeout(600)
-def test_the_wheel_installs_into_a_fresh_venv_and_imports_everything(tmp_path: Path) -> None:
-    wheel = _build_wheel(tmp_path)
+def test_the_wheel_installs_into_a_fresh_venv_and_imports_everything(tmp_path: Path, wheel: Path) -> None:
 
     names = zipfile.ZipFile(wheel).namelist()
     in_wheel = {n[: -len("/__init__.py")].replace("/", ".") for n in names if n.endswith("/__init__.py")}
@@ -200,3 +206,23 @@ def test_the_installed_wheel_runs_the_demo_and_an_embedded_job_outside_the_repos
         k = (str(r["q"]), int(r["ts"]) - int(r["ts"]) % 10_000)
         want[k] = want.get(k, 0) + 1
     assert got == want
+
+
+@pytest.mark.timeout(600)
+def test_wheel_carries_the_log_store_jars(wheel: Path) -> None:
+    """The log store jars are compiled into the wheel (deploy.md: an installed wheel compiles nothing)."""
+    from deltawheel.statestore.jars import compile_jar
+
+    with zipfile.ZipFile(wheel) as z:
+        inside = [n for n in z.namelist() if n.startswith("deltawheel/statestore/lib/")]
+        one = zipfile.ZipFile(io.BytesIO(z.read(inside[0])))
+    # the names compile_jar looks for: the same digests as the jars it compiles itself
+    sources = ("statestore/session/ExclusiveLocalLogStore.java", "statestore/objectstore/ZkS3LogStore.java",
+               "statestore/objectstore/DirectCheckpointFileManager.java")
+    want = set()
+    for s in sources:
+        jar = compile_jar(REPO / s)
+        assert jar is not None
+        want.add(jar.name)
+    assert {Path(n).name for n in inside} == want
+    assert one.namelist() and all(n.endswith(".class") for n in one.namelist())

@@ -79,6 +79,8 @@ class KafkaBroker(Server):
     """
 
     stop_timeout_s = 20.0
+    start_timeout_s = 90.0
+    port_hint = "stop it or give KafkaBroker other ports"
 
     def __init__(self, data_dir: Path | str, *, port: int | None = None, controller_port: int | None = None,
                  host: str = "127.0.0.1", num_partitions: int = 1, jars_dir: Path | None = None) -> None:
@@ -140,22 +142,19 @@ class KafkaBroker(Server):
             return False
         return "Kafka Server started" in self.process.log_tail(400)
 
-    def start(self, *, timeout_s: float = 90.0) -> None:
-        """Fetch the jars, format the storage, start the broker and wait until it serves (unless it runs).
+    def ports(self) -> tuple[int, ...]:
+        """The broker's and the controller's port."""
+        return self.port, self.controller_port
+
+    def command(self) -> list[str]:
+        """The broker's java command: its jars fetched, its configuration written, its storage formatted.
 
         Raises:
-            KafkaServerError: a port is taken, the format failed, or the broker did not start in time.
-            JarFetchError: a jar could not be fetched.
-        """
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        if self.process.pid() is not None:
-            return
-        self.pid_file.unlink(missing_ok=True)
-        self.refuse_taken(self.port, self.controller_port, hint="stop it or give KafkaBroker other ports")
+            KafkaServerError: the format failed.
+            JarFetchError: a jar could not be fetched."""
         self._write_config()
         self._format()
-        pid = self.process.launch(self._java(_MAIN_CLASS, str(self.config_file)), cwd=self.data_dir)
-        self.await_ready(pid, timeout_s, f"the Kafka broker did not start on {self.bootstrap_servers}")
+        return self._java(_MAIN_CLASS, str(self.config_file))
 
 
 def create_topic(spark: Any, bootstrap_servers: str, topic: str, *, partitions: int,

@@ -187,37 +187,15 @@ class EmbeddedZooKeeper(Server):
         self.config_file.write_text("\n".join([*lines, ""]))
         (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
 
-    def launch(self) -> int:
-        """Start the server process (unless it runs) without waiting for it to serve; returns its pid.
-        An ensemble member serves only once a quorum runs: start them all, then :meth:`wait_ready`.
+    def command(self) -> list[str]:
+        """The java command of this server, its ``zoo.cfg`` written; an ensemble member serves only
+        once a quorum runs: :meth:`launch` them all, then :meth:`wait_ready`.
 
         Raises:
-            ZooKeeperServerError: java or the jars are missing, or the port is taken by another process."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        running = self.process.pid()
-        if running is not None:
-            return running
-        self.pid_file.unlink(missing_ok=True)
-        self.refuse_taken()
+            ZooKeeperServerError: java or the jars are missing."""
         java = find_java()
         jars = self._jars_dir or pyspark_jars_dir()
         self._write_config()
-        return self.process.launch([java, *JVM_FLAGS, f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
-                                    "-Dzookeeper.jmx.log4j.disable=true", "-cp", server_classpath(jars),
-                                    self._main_class, str(self.config_file)], cwd=self.data_dir)
-
-    def wait_ready(self, *, timeout_s: float = 30.0) -> None:
-        """Return once the server serves requests; stop it and raise if it does not in time.
-
-        Raises:
-            ZooKeeperServerError: not running, or not ready within ``timeout_s``.
-        """
-        pid = self.process.read_pid()
-        if pid is None:
-            raise ZooKeeperServerError(f"ZooKeeper from {self.data_dir} is not running; start it first")
-        self.await_ready(pid, timeout_s, f"ZooKeeper did not become ready on {self.hosts}")
-
-    def start(self, *, timeout_s: float = 30.0) -> None:
-        """:meth:`launch`, then :meth:`wait_ready` (raising ZooKeeperServerError as they do)."""
-        self.launch()
-        self.wait_ready(timeout_s=timeout_s)
+        return [java, *JVM_FLAGS, f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+                "-Dzookeeper.jmx.log4j.disable=true", "-cp", server_classpath(jars), self._main_class,
+                str(self.config_file)]

@@ -7,14 +7,13 @@ address no host has (:data:`DEAD_MAC`), so packets vanish silently as in a real 
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deltawheel.statestore.exceptions import ClusterError, UnknownHostError
+from deltawheel.statestore.exceptions import UnknownHostError
 
 from .hosts import HostsCluster
-from .netns import Host
+from .netns import Host, run_ip
 
 __all__ = ["DEAD_MAC", "Cut", "HostFaults"]
 
@@ -23,11 +22,7 @@ DEAD_MAC = "02:00:00:00:de:ad"
 
 
 def _ip(*args: str, check: bool = True) -> str:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-    if check and done.returncode != 0:
-        raise ClusterError(f"'ip {' '.join(args)}' failed: {done.stderr.strip()}; is the test bed up "
-                           "(deltawheel cluster status --hosts)?")
-    return done.stdout
+    return run_ip(*args, check=check, hint="; is the test bed up (deltawheel cluster status --hosts)?").stdout
 
 
 @dataclass(frozen=True)

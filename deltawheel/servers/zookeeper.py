@@ -119,17 +119,6 @@ def configured_port(data_dir: Path | str) -> int | None:
     return None if port is None else int(port)
 
 
-def server_mode(host: str, port: int) -> str | None:
-    """The ``Mode:`` line of ``srvr`` (``standalone``, ``leader``, ``follower``); None if not serving."""
-    reply = four_letter_word(host, port, "srvr")
-    if reply is None or not reply.startswith("Zookeeper version"):
-        return None
-    for line in reply.splitlines():
-        if line.startswith("Mode:"):
-            return line.split(":", 1)[1].strip()
-    return None
-
-
 class EmbeddedZooKeeper(Server):
     """A local ZooKeeper server in its own detached process.
 
@@ -166,7 +155,10 @@ class EmbeddedZooKeeper(Server):
 
     def mode(self) -> str | None:
         """``standalone``, ``leader`` or ``follower`` (from ``srvr``); None while not serving."""
-        return server_mode(self.host, self.port)
+        reply = four_letter_word(self.host, self.port, "srvr")
+        if reply is None or not reply.startswith("Zookeeper version"):
+            return None
+        return next((ln.split(":", 1)[1].strip() for ln in reply.splitlines() if ln.startswith("Mode:")), None)
 
     def status(self) -> ZkServerStatus:
         """Whether the server of this data folder runs and answers on its port (and in which mode)."""

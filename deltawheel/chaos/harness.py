@@ -28,15 +28,22 @@ from deltawheel.statestore.process import DIE_WITH_ENV, die_with
 
 from ..servers.ensemble import ZooKeeperEnsemble
 from .bank import INPUT_ENV, closing_moves, moves, write_moves
-from .checker import CheckResult, FaultRecord, check_run, complete, stream_commits
+from .checker import (
+    CheckResult,
+    DriverExit,
+    FaultRecord,
+    check_run,
+    complete,
+    exit_violations,
+    exits_note,
+    stream_commits,
+)
 from .disk import StoreDisk, unmount_stale
-from .driver import Driver
+from .driver import Driver, python_workers
 from .faults import INSTANCES, KINDS, PlannedFault, plan
 from .netcut import NetCut, member_session, session_after, start_net_cut, toxiproxy_missing
 from .objectstore import ChaosObjectStore
-from .record import DriverExit, exit_violations, exits_note
 from .tools import tool_fault
-from .workers import python_workers
 
 __all__ = ["ChaosSettings", "ChaosRun", "DriverExit", "run_chaos"]
 

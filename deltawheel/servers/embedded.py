@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Iterator
@@ -57,9 +57,8 @@ class ServerRecord:
 
     def to_json(self) -> str:
         """The ``server.json`` text (with its format version)."""
-        return json.dumps({"format_version": RECORD_FORMAT_VERSION, "store": self.store, "host": _HOST,
-                           "port": self.port, "pid": self.pid, "keep": self.keep, "started_by": self.started_by,
-                           "started_at": self.started_at}, indent=2, sort_keys=True) + "\n"
+        return json.dumps({"format_version": RECORD_FORMAT_VERSION, "host": _HOST, **asdict(self)}, indent=2,
+                          sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> ServerRecord:

@@ -21,7 +21,7 @@ from deltawheel.statestore.session.connectors import KAFKA_CLIENTS_VERSION, defa
 
 from .service import Server
 
-__all__ = ["KAFKA_VERSION", "KAFKA_BROKER_JARS", "KafkaBroker", "cluster_id_of", "ensure_kafka_broker_jars", "create_topic"]
+__all__ = ["KAFKA_VERSION", "KAFKA_BROKER_JARS", "KafkaBroker", "cluster_id_of", "create_topic"]
 
 #: The broker's version: the kafka-clients version Spark 4.2's Kafka connector declares.
 KAFKA_VERSION = KAFKA_CLIENTS_VERSION
@@ -60,16 +60,6 @@ log4j.logger.kafka.server.BrokerServer=INFO
 """
 
 
-def ensure_kafka_broker_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> list[Path]:
-    """The broker's jars (:data:`KAFKA_BROKER_JARS`), fetched once from Maven Central.
-
-    Raises:
-        JarFetchError: a jar could not be fetched (the message says where to put it by hand).
-    """
-    folder = jars_dir or default_kafka_jars_dir() / f"broker-{KAFKA_VERSION}"
-    return [fetch_maven_jar(g, a, v, folder, quiet=quiet) for g, a, v in KAFKA_BROKER_JARS]
-
-
 class KafkaBroker(Server):
     """A single-node Kafka broker + controller (KRaft) in its own detached process; ``port`` and
     ``controller_port`` default to free ones, ``num_partitions`` is for topics created on first use.
@@ -98,7 +88,8 @@ class KafkaBroker(Server):
         return f"{self.host}:{self.port}"
 
     def _classpath(self) -> str:
-        jars = ensure_kafka_broker_jars(self._jars_dir)
+        folder = self._jars_dir or default_kafka_jars_dir() / f"broker-{KAFKA_VERSION}"  # fetched once
+        jars = [fetch_maven_jar(g, a, v, folder) for g, a, v in KAFKA_BROKER_JARS]
         return os.pathsep.join([*(str(j) for j in jars), f"{pyspark_jars_dir()}/*"])
 
     def _write_config(self) -> None:

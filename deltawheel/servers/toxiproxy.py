@@ -20,16 +20,11 @@ from deltawheel.statestore.exceptions import ObjectStoreServerError
 
 from .service import Server
 
-__all__ = ["TOXIPROXY_MODULE", "TOXIPROXY_VERSION", "ToxiproxyServer", "default_bin_dir", "ensure_toxiproxy"]
+__all__ = ["TOXIPROXY_MODULE", "TOXIPROXY_VERSION", "ToxiproxyServer", "ensure_toxiproxy"]
 
 TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
 TOXIPROXY_VERSION = "v2.5.0"
 _BINARY = f"toxiproxy-server-{TOXIPROXY_VERSION}"
-
-
-def default_bin_dir() -> Path:
-    """The per-user cache of built programs: ``~/.cache/deltawheel/bin``."""
-    return Path.home() / ".cache" / "deltawheel" / "bin"
 
 
 def _go() -> str:
@@ -47,7 +42,7 @@ def ensure_toxiproxy(bin_dir: Path | None = None, *, quiet: bool = False) -> Pat
     Raises:
         ObjectStoreServerError: Go is missing or the build failed (with its output).
     """
-    bin_dir = bin_dir or default_bin_dir()
+    bin_dir = bin_dir or Path.home() / ".cache" / "deltawheel" / "bin"
     target = bin_dir / _BINARY
     if target.exists():
         return target

@@ -43,11 +43,7 @@ class HostFaults:
         self.cluster = cluster
 
     def host(self, name: str) -> Host:
-        """The host named ``name``.
-
-        Raises:
-            UnknownHostError: the bed has no such host.
-        """
+        """The host named ``name``; :class:`UnknownHostError` when the bed has no such host."""
         try:
             return self.cluster.hosts[name]
         except KeyError:
@@ -103,11 +99,7 @@ class HostFaults:
         return found
 
     def kill(self, name: str) -> list[int]:
-        """SIGKILL every process of host ``name`` (its namespace's); returns their pids.
-
-        Raises:
-            UnknownHostError: an unknown host.
-        """
+        """SIGKILL every process of host ``name`` (its namespace's); returns their pids (raises as :meth:`host`)."""
         self.host(name)
         return self.cluster.kill_host(name)
 

@@ -75,11 +75,8 @@ def run_ip(*args: str, check: bool = True, hint: str = "") -> subprocess.Complet
 
 
 def check_namespaces() -> None:
-    """Raise :class:`HostsUnavailableError` when this machine cannot make the test bed's hosts.
-
-    Raises:
-        HostsUnavailableError: not root, ``ip`` or ``unshare`` missing, or the kernel refuses.
-    """
+    """Raise :class:`HostsUnavailableError` when this machine cannot make the test bed's hosts: not
+    root, ``ip`` or ``unshare`` missing, or the kernel refuses."""
     if os.geteuid() != 0:
         raise HostsUnavailableError("the hosts test bed needs root: network namespaces, veth pairs and a "
                                     "bridge need CAP_NET_ADMIN, private mounts CAP_SYS_ADMIN; run as root")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -285,7 +284,7 @@ class _Harness:
         workers = python_workers(proc.pid) if proc is not None and proc.poll() is None else []
         if not workers:
             raise _Skipped("no Python worker under the driver at that moment")
-        w = random.Random(f"{self.s.seed}:{f.at}:{f.kind}:{f.target}").choice(workers)
+        w = f.rng(self.s.seed).choice(workers)
         with self.lock:
             exits_before = len(self.run.exits)
         log_at = d.log.stat().st_size

@@ -52,10 +52,6 @@ class Server:
         """The ports it listens on (refused when another program holds one)."""
         return (self.port,)
 
-    def log_tail(self, lines: int = 20) -> str:
-        """The last ``lines`` lines of the server log ('' if there is none)."""
-        return self.process.log_tail(lines)
-
     def launch(self) -> int:
         """Start the server process (unless it runs) without waiting for it to serve; returns its pid.
 
@@ -85,7 +81,7 @@ class Server:
                 self.process.kill_group(pid, timeout_s=5.0)
             self.pid_file.unlink(missing_ok=True)
             raise self.error(f"{self.process.name} did not become ready on {self.host}:{self.port}: {problem}; "
-                             f"see {self.log_file}. Log tail:\n{self.log_tail()}")
+                             f"see {self.log_file}. Log tail:\n{self.process.log_tail()}")
 
     def start(self, *, timeout_s: float | None = None) -> None:
         """:meth:`launch`, then :meth:`wait_ready` (raising as they do)."""

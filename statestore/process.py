@@ -52,19 +52,15 @@ while True:
 """
 
 
-def find_java() -> str:
-    """Path of the ``java`` executable (``$JAVA_HOME/bin/java`` first, then ``PATH``).
-
-    Raises:
-        ZooKeeperServerError: no java was found.
-    """
+def find_java(error: type[DeltaWheelError] = ZooKeeperServerError) -> str:
+    """Path of the ``java`` executable (``$JAVA_HOME/bin/java`` first, then ``PATH``); ``error``
+    (raised when there is none) is the type of the server needing it."""
     home = os.environ.get("JAVA_HOME")
     if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
         return os.path.join(home, "bin", "java")
     found = shutil.which("java")
     if found is None:
-        raise ZooKeeperServerError("java not found (looked in $JAVA_HOME/bin and PATH): install Java 17+ or "
-                                   "set JAVA_HOME")
+        raise error("java not found (looked in $JAVA_HOME/bin and PATH): install Java 17+ or set JAVA_HOME")
     return found
 
 

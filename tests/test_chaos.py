@@ -94,7 +94,7 @@ def test_python_workers_are_found_under_a_driver_by_their_command_line(tmp_path:
     import signal
     import time
 
-    from deltawheel.chaos.workers import python_workers
+    from deltawheel.chaos.driver import python_workers
 
     daemon = tmp_path / "daemon.py"
     daemon.write_text("import os, time\nos.setpgid(0, 0)\n[os.fork() or time.sleep(600) for _ in range(2)]\n"

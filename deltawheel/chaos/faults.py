@@ -56,6 +56,10 @@ class PlannedFault:
             return self.target
         return "zk" if self.kind.startswith("zk") else {"disk-full": "disk", "s3proxy-kill": "s3"}.get(self.kind, "tools")
 
+    def rng(self, seed: int) -> random.Random:
+        """This fault's own draws (a worker, a key), fixed by the run's seed."""
+        return random.Random(f"{seed}:{self.at}:{self.kind}:{self.target}")
+
 
 def _target(rng: random.Random, kind: str) -> str:
     if kind.startswith("driver") or kind in ("session-expiry", "worker-kill", "net-cut"):

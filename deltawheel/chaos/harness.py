@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -28,15 +27,22 @@ from deltawheel.statestore.process import DIE_WITH_ENV, die_with
 
 from ..servers.ensemble import ZooKeeperEnsemble
 from .bank import INPUT_ENV, closing_moves, moves, write_moves
-from .checker import CheckResult, FaultRecord, check_run, complete, stream_commits
+from .checker import (
+    CheckResult,
+    DriverExit,
+    FaultRecord,
+    check_run,
+    complete,
+    exit_violations,
+    exits_note,
+    stream_commits,
+)
 from .disk import StoreDisk, unmount_stale
-from .driver import Driver
+from .driver import Driver, python_workers
 from .faults import INSTANCES, KINDS, PlannedFault, plan
 from .netcut import NetCut, member_session, session_after, start_net_cut, toxiproxy_missing
 from .objectstore import ChaosObjectStore
-from .record import DriverExit, exit_violations, exits_note
 from .tools import tool_fault
-from .workers import python_workers
 
 __all__ = ["ChaosSettings", "ChaosRun", "DriverExit", "run_chaos"]
 
@@ -278,7 +284,7 @@ class _Harness:
         workers = python_workers(proc.pid) if proc is not None and proc.poll() is None else []
         if not workers:
             raise _Skipped("no Python worker under the driver at that moment")
-        w = random.Random(f"{self.s.seed}:{f.at}:{f.kind}:{f.target}").choice(workers)
+        w = f.rng(self.s.seed).choice(workers)
         with self.lock:
             exits_before = len(self.run.exits)
         log_at = d.log.stat().st_size

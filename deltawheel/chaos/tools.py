@@ -7,38 +7,19 @@ only the streams say whether a tool damaged anything. What each tool does: docs/
 
 from __future__ import annotations
 
-import random
-import threading
-from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
 from .bank import ACCOUNTS, PIPELINE
 from .faults import PlannedFault
+
+if TYPE_CHECKING:  # the harness imports this module
+    from .harness import _Harness
 
 __all__ = ["tool_fault", "CODE", "SOURCE"]
 
 SOURCE = "deltawheel.chaos.bank:pipeline"
 CODE = {"bank": "deltawheel.chaos.bank:Bank", "ledger": "deltawheel.chaos.bank:Ledger"}
 WAIT_S = "60"  # the hand-over wait an operator gives (the tools' default)
-
-
-class _Harness(Protocol):
-    """What the tools use of the run's harness (``harness.py``, which imports this module)."""
-
-    s: Any  # its ChaosSettings: seed, master
-    run: Any  # its ChaosRun: the phases' times
-    data: Path
-    logs: Path
-    store_url: str
-    stopping: threading.Event
-
-    def tool(self, name: str, *args: str) -> int: ...
-
-    def zk_args(self) -> list[str]: ...
-
-
-def _rng(h: _Harness, f: PlannedFault) -> random.Random:
-    return random.Random(f"{h.s.seed}:{f.at}:{f.kind}:{f.target}")
 
 
 def _last_line(h: _Harness, name: str) -> str:
@@ -70,7 +51,7 @@ def tool_fault(h: _Harness, f: PlannedFault) -> tuple[str, str]:
         h.stopping.wait(f.duration_s)
         return f.target, f"rc {rc}, {h.tool('rebalance', 'rebalance', *move, '--clear')}"
     if f.kind == "repair":
-        key = f"a{_rng(h, f).randrange(ACCOUNTS):02d}"
+        key = f"a{f.rng(h.s.seed).randrange(ACCOUNTS):02d}"
         change = "to_json(named_struct('n', 0, 'out', 0))" if f.target == "bank" else "state_json"
         statement = f"UPDATE state SET state_json = {change} WHERE key = '{key}'"
         return f"{f.target}/{key}", _run(h, "repair", *live, "--wait", WAIT_S, *spark, statement)

@@ -54,8 +54,8 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
 
 
 def _chaos(args: argparse.Namespace) -> int:
+    from ..chaos.checker import recheck
     from ..chaos.harness import ChaosSettings, run_chaos
-    from ..chaos.record import recheck
     from ..chaos.report import table
 
     data = Path(args.data)

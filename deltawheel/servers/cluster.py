@@ -68,6 +68,18 @@ def launch_spark(proc: DetachedProcess, spark_class: str, host: str, port: int, 
     return proc.launch(cmd, cwd=folder, env=env)
 
 
+def await_up(proc: DetachedProcess, ready: Any, timeout_s: float, *, check: str = "") -> None:
+    """Wait until ``ready()`` holds for ``proc``; else raise ClusterError with why, ``check`` (what
+    else to look at) and the log's tail."""
+    pid = proc.read_pid()
+    if pid is None:
+        raise ClusterError(f"{proc.name} is not running; start it first")
+    problem = proc.wait_ready(pid, ready, timeout_s)
+    if problem is not None:
+        raise ClusterError(f"{proc.name} did not come up: {problem}; see {proc.log_file}{check}. "
+                           f"Log tail:\n{proc.log_tail()}")
+
+
 def master_alive(state: dict[str, Any] | None) -> bool:
     """Whether a master's state (:func:`master_state`) says it is ALIVE."""
     return (state or {}).get("status") == "ALIVE"
@@ -148,10 +160,6 @@ class SparkStandalone:
                    SPARK_LOG_DIR=str(self.data_dir), SPARK_NO_DAEMONIZE="1")
         return env
 
-    def _spark_class(self) -> str:
-        find_java()  # a clear error when there is none (spark-class's is terse)
-        return str(spark_home() / "bin" / "spark-class")
-
     def start(self, *, timeout_s: float = 90.0) -> None:
         """Start what does not run; return once every worker is registered. On failure stop everything.
 
@@ -165,9 +173,10 @@ class SparkStandalone:
             raise
 
     def _start(self, timeout_s: float) -> None:
-        spark_class, env = self._spark_class(), self._env()
-        pid = launch_spark(self.master, spark_class, self.host, self.ports["master"], self.ports["master_ui"], env=env)
-        self._await(self.master, pid, lambda: master_alive(self.master_json()), timeout_s)
+        find_java()  # a clear error when there is none (spark-class's is terse)
+        spark_class, env = str(spark_home() / "bin" / "spark-class"), self._env()
+        launch_spark(self.master, spark_class, self.host, self.ports["master"], self.ports["master_ui"], env=env)
+        await_up(self.master, lambda: master_alive(self.master_json()), timeout_s)
         for i, proc in enumerate(self.worker_procs, start=1):
             launch_spark(proc, spark_class, self.host, self.ports[f"worker_{i}"], self.ports[f"worker_{i}_ui"],
                          master_url=self.master_url, cores=self.worker_cores, memory=self.worker_memory, env=env)
@@ -180,18 +189,8 @@ class SparkStandalone:
         Raises:
             ClusterError: it is not running, or not registered in time.
         """
-        proc = self.worker_procs[index - 1]
-        pid = proc.read_pid()
-        if pid is None:
-            raise ClusterError(f"{proc.name} is not running; start it first")
         port = self.ports[f"worker_{index}"]
-        self._await(proc, pid, lambda: port in self._registered(), timeout_s)
-
-    def _await(self, proc: DetachedProcess, pid: int, ready: Any, timeout_s: float) -> None:
-        problem = proc.wait_ready(pid, ready, timeout_s)
-        if problem is not None:
-            raise ClusterError(f"{proc.name} did not come up: {problem}; see {proc.log_file}. "
-                               f"Log tail:\n{proc.log_tail()}")
+        await_up(self.worker_procs[index - 1], lambda: port in self._registered(), timeout_s)
 
     def stop(self, *, timeout_s: float = 15.0) -> int:
         """Stop the workers (with their executors), then the master; idempotent. Returns how many ran."""

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Iterator
@@ -26,7 +26,6 @@ from deltawheel.servers.zookeeper import (
     EmbeddedZooKeeper,
     configured_port,
     four_letter_word,
-    server_mode,
 )
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import ZooKeeperServerError
@@ -58,9 +57,8 @@ class ServerRecord:
 
     def to_json(self) -> str:
         """The ``server.json`` text (with its format version)."""
-        return json.dumps({"format_version": RECORD_FORMAT_VERSION, "store": self.store, "host": _HOST,
-                           "port": self.port, "pid": self.pid, "keep": self.keep, "started_by": self.started_by,
-                           "started_at": self.started_at}, indent=2, sort_keys=True) + "\n"
+        return json.dumps({"format_version": RECORD_FORMAT_VERSION, "host": _HOST, **asdict(self)}, indent=2,
+                          sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> ServerRecord:
@@ -164,9 +162,7 @@ class StoreZooKeeper:
     def running(self) -> EmbeddedZooKeeper | None:
         """This folder's server when its process is alive and it answers, else None (no lock taken)."""
         server = self.server()
-        if server.process.pid() is None or server_mode(_HOST, server.port) is None:
-            return None
-        return server
+        return server if server.process.pid() is not None and server.mode() is not None else None
 
     def users(self) -> list[ServerUser]:
         """Every registered user, alive or not."""
@@ -213,14 +209,10 @@ class StoreZooKeeper:
             self._live_users()
             record = self.read_record()
             server = self.running()
-            if server is None:
-                pid = self.server().process.pid()
-                if pid is not None:  # alive but not answering: a start in progress, or hung
-                    try:
-                        self.server().wait_ready(timeout_s=timeout_s)  # kills it if it does not answer
-                        server = self.server()
-                    except ZooKeeperServerError:
-                        server = None
+            if server is None and self.server().process.pid() is not None:  # not answering: starting, or hung
+                with contextlib.suppress(ZooKeeperServerError):
+                    self.server().wait_ready(timeout_s=timeout_s)  # kills it if it does not answer
+                    server = self.server()
             started = server is None
             if server is None:
                 server = self._start(record, port, timeout_s)
@@ -301,7 +293,7 @@ class StoreZooKeeper:
         """The record, the server's pid and whether it answers, and its live users (reads only)."""
         server = self.server()
         pid = server.process.pid()
-        running = pid is not None and server_mode(_HOST, server.port) is not None
+        running = pid is not None and server.mode() is not None
         return StoreServerStatus(data_dir=str(self.data_dir), record=self.read_record(), pid=pid, running=running,
                                  users=tuple(u for u in self.users() if u.alive()))
 

@@ -7,7 +7,7 @@ in ``<data_dir>/zk<N>``; ``ensemble.json`` records the ids and ports. A majority
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from deltawheel.statestore.exceptions import ZooKeeperServerError
@@ -36,6 +36,7 @@ class ZooKeeperEnsemble:
                  client_ports: list[int] | None = None) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.host = host
+        self.manifest = self.data_dir / "ensemble.json"  # the members' ids and ports
         peers = self._recorded()
         if peers is None or (client_ports is not None and [p.client_port for p in peers] != client_ports):
             if size < 1 or size % 2 == 0:
@@ -51,11 +52,6 @@ class ZooKeeperEnsemble:
                               myid=p.myid)
             for p in self.peers
         )
-
-    @property
-    def manifest(self) -> Path:
-        """The file recording the members' ids and ports."""
-        return self.data_dir / "ensemble.json"
 
     def _recorded(self) -> list[QuorumPeer] | None:
         try:
@@ -84,9 +80,8 @@ class ZooKeeperEnsemble:
             ZooKeeperServerError: a member could not start or no quorum formed in time.
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.manifest.write_text(json.dumps({"format_version": 1, "peers": [
-            {"myid": p.myid, "host": p.host, "client_port": p.client_port, "peer_port": p.peer_port,
-             "election_port": p.election_port} for p in self.peers]}, indent=2) + "\n")
+        self.manifest.write_text(json.dumps({"format_version": 1, "peers": [asdict(p) for p in self.peers]},
+                                            indent=2) + "\n")
         try:
             for s in self.servers:
                 s.launch()

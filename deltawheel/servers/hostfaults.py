@@ -7,14 +7,13 @@ address no host has (:data:`DEAD_MAC`), so packets vanish silently as in a real 
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deltawheel.statestore.exceptions import ClusterError, UnknownHostError
+from deltawheel.statestore.exceptions import UnknownHostError
 
 from .hosts import HostsCluster
-from .netns import Host
+from .netns import Host, run_ip
 
 __all__ = ["DEAD_MAC", "Cut", "HostFaults"]
 
@@ -23,11 +22,7 @@ DEAD_MAC = "02:00:00:00:de:ad"
 
 
 def _ip(*args: str, check: bool = True) -> str:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-    if check and done.returncode != 0:
-        raise ClusterError(f"'ip {' '.join(args)}' failed: {done.stderr.strip()}; is the test bed up "
-                           "(deltawheel cluster status --hosts)?")
-    return done.stdout
+    return run_ip(*args, check=check, hint="; is the test bed up (deltawheel cluster status --hosts)?").stdout
 
 
 @dataclass(frozen=True)
@@ -48,11 +43,7 @@ class HostFaults:
         self.cluster = cluster
 
     def host(self, name: str) -> Host:
-        """The host named ``name``.
-
-        Raises:
-            UnknownHostError: the bed has no such host.
-        """
+        """The host named ``name``; :class:`UnknownHostError` when the bed has no such host."""
         try:
             return self.cluster.hosts[name]
         except KeyError:
@@ -108,11 +99,7 @@ class HostFaults:
         return found
 
     def kill(self, name: str) -> list[int]:
-        """SIGKILL every process of host ``name`` (its namespace's); returns their pids.
-
-        Raises:
-            UnknownHostError: an unknown host.
-        """
+        """SIGKILL every process of host ``name`` (its namespace's); returns their pids (raises as :meth:`host`)."""
         self.host(name)
         return self.cluster.kill_host(name)
 

@@ -19,11 +19,11 @@ from typing import Any
 
 from deltawheel.statestore.exceptions import ClusterError
 from deltawheel.statestore.objectstore.client import S3Endpoint
-from deltawheel.statestore.process import DetachedProcess
 
 from .cluster import (
     MASTER_CLASS,
     WORKER_CLASS,
+    await_up,
     launch_spark,
     master_alive,
     master_state,
@@ -232,21 +232,16 @@ class HostsCluster:
             (self.dir(name) / "conf").mkdir(parents=True, exist_ok=True)
             (self.dir(name) / "conf" / "spark-defaults.conf").write_text(_SPARK_DEFAULTS)
         launch_spark(self.master, spark_class, self.hosts["master"].address, MASTER_PORT, MASTER_UI)
-        self._await(self.master, "master", lambda: master_alive(self.master_json()), timeout_s)
+        await_up(self.master, lambda: master_alive(self.master_json()), timeout_s, check=self._check("master"))
         for name, proc in zip(("worker1", "worker2"), self.workers, strict=True):
             launch_spark(proc, spark_class, self.hosts[name].address, WORKER_PORT, WORKER_UI,
                          master_url=self.master_url, cores=2, memory=self.worker_memory)
         for name, proc in zip(("worker1", "worker2"), self.workers, strict=True):
             addr = self.hosts[name].address
-            self._await(proc, name, lambda a=addr: a in self.registered_workers(), timeout_s)
+            await_up(proc, lambda a=addr: a in self.registered_workers(), timeout_s, check=self._check(name))
 
-    def _await(self, proc: DetachedProcess, host: str, ready: Any, timeout_s: float) -> None:
-        pid = proc.read_pid()
-        problem = "not started" if pid is None else proc.wait_ready(pid, ready, timeout_s)
-        if problem is not None:
-            raise ClusterError(f"{proc.name} ({self.hosts[host].address}) did not come up: {problem}; check "
-                               f"{proc.log_file} and that this machine reaches {self.hosts[host].address} "
-                               f"over the bridge. Log tail:\n{proc.log_tail()}")
+    def _check(self, host: str) -> str:
+        return f" and that this machine reaches {self.hosts[host].address} over the bridge"
 
     def master_json(self) -> dict[str, Any] | None:
         """The master's state (``/json/``), or None when it does not answer."""

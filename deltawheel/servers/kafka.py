@@ -21,7 +21,7 @@ from deltawheel.statestore.session.connectors import KAFKA_CLIENTS_VERSION, defa
 
 from .service import Server
 
-__all__ = ["KAFKA_VERSION", "KAFKA_BROKER_JARS", "KafkaBroker", "cluster_id_of", "ensure_kafka_broker_jars", "create_topic"]
+__all__ = ["KAFKA_VERSION", "KAFKA_BROKER_JARS", "KafkaBroker", "cluster_id_of", "create_topic"]
 
 #: The broker's version: the kafka-clients version Spark 4.2's Kafka connector declares.
 KAFKA_VERSION = KAFKA_CLIENTS_VERSION
@@ -60,16 +60,6 @@ log4j.logger.kafka.server.BrokerServer=INFO
 """
 
 
-def ensure_kafka_broker_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> list[Path]:
-    """The broker's jars (:data:`KAFKA_BROKER_JARS`), fetched once from Maven Central.
-
-    Raises:
-        JarFetchError: a jar could not be fetched (the message says where to put it by hand).
-    """
-    folder = jars_dir or default_kafka_jars_dir() / f"broker-{KAFKA_VERSION}"
-    return [fetch_maven_jar(g, a, v, folder, quiet=quiet) for g, a, v in KAFKA_BROKER_JARS]
-
-
 class KafkaBroker(Server):
     """A single-node Kafka broker + controller (KRaft) in its own detached process; ``port`` and
     ``controller_port`` default to free ones, ``num_partitions`` is for topics created on first use.
@@ -79,6 +69,8 @@ class KafkaBroker(Server):
     """
 
     stop_timeout_s = 20.0
+    start_timeout_s = 90.0
+    port_hint = "stop it or give KafkaBroker other ports"
 
     def __init__(self, data_dir: Path | str, *, port: int | None = None, controller_port: int | None = None,
                  host: str = "127.0.0.1", num_partitions: int = 1, jars_dir: Path | None = None) -> None:
@@ -96,7 +88,8 @@ class KafkaBroker(Server):
         return f"{self.host}:{self.port}"
 
     def _classpath(self) -> str:
-        jars = ensure_kafka_broker_jars(self._jars_dir)
+        folder = self._jars_dir or default_kafka_jars_dir() / f"broker-{KAFKA_VERSION}"  # fetched once
+        jars = [fetch_maven_jar(g, a, v, folder) for g, a, v in KAFKA_BROKER_JARS]
         return os.pathsep.join([*(str(j) for j in jars), f"{pyspark_jars_dir()}/*"])
 
     def _write_config(self) -> None:
@@ -140,22 +133,19 @@ class KafkaBroker(Server):
             return False
         return "Kafka Server started" in self.process.log_tail(400)
 
-    def start(self, *, timeout_s: float = 90.0) -> None:
-        """Fetch the jars, format the storage, start the broker and wait until it serves (unless it runs).
+    def ports(self) -> tuple[int, ...]:
+        """The broker's and the controller's port."""
+        return self.port, self.controller_port
+
+    def command(self) -> list[str]:
+        """The broker's java command: its jars fetched, its configuration written, its storage formatted.
 
         Raises:
-            KafkaServerError: a port is taken, the format failed, or the broker did not start in time.
-            JarFetchError: a jar could not be fetched.
-        """
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        if self.process.pid() is not None:
-            return
-        self.pid_file.unlink(missing_ok=True)
-        self.refuse_taken(self.port, self.controller_port, hint="stop it or give KafkaBroker other ports")
+            KafkaServerError: the format failed.
+            JarFetchError: a jar could not be fetched."""
         self._write_config()
         self._format()
-        pid = self.process.launch(self._java(_MAIN_CLASS, str(self.config_file)), cwd=self.data_dir)
-        self.await_ready(pid, timeout_s, f"the Kafka broker did not start on {self.bootstrap_servers}")
+        return self._java(_MAIN_CLASS, str(self.config_file))
 
 
 def create_topic(spark: Any, bootstrap_servers: str, topic: str, *, partitions: int,

@@ -21,7 +21,7 @@ from pathlib import Path
 from deltawheel.statestore.exceptions import ClusterError, HostsUnavailableError
 
 __all__ = ["PREFIX", "Host", "HostNetwork", "check_namespaces", "isolated_prefix", "host_prefix",
-           "leftovers", "BASE_PATH"]
+           "leftovers", "BASE_PATH", "run_ip"]
 
 PREFIX = "dwh"
 BRIDGE = f"{PREFIX}-br"
@@ -66,19 +66,17 @@ class Host:
         return f"{PREFIX}-{self.name}"
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def run_ip(*args: str, check: bool = True, hint: str = "") -> subprocess.CompletedProcess[str]:
+    """``ip ARGS``; ClusterError (its message ending in ``hint``) when it fails and ``check``."""
     done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
     if check and done.returncode != 0:
-        raise ClusterError(f"'ip {' '.join(args)}' failed: {done.stderr.strip()}")
+        raise ClusterError(f"'ip {' '.join(args)}' failed: {done.stderr.strip()}{hint}")
     return done
 
 
 def check_namespaces() -> None:
-    """Raise :class:`HostsUnavailableError` when this machine cannot make the test bed's hosts.
-
-    Raises:
-        HostsUnavailableError: not root, ``ip`` or ``unshare`` missing, or the kernel refuses.
-    """
+    """Raise :class:`HostsUnavailableError` when this machine cannot make the test bed's hosts: not
+    root, ``ip`` or ``unshare`` missing, or the kernel refuses."""
     if os.geteuid() != 0:
         raise HostsUnavailableError("the hosts test bed needs root: network namespaces, veth pairs and a "
                                     "bridge need CAP_NET_ADMIN, private mounts CAP_SYS_ADMIN; run as root")
@@ -86,7 +84,7 @@ def check_namespaces() -> None:
         if shutil.which(tool) is None:
             raise HostsUnavailableError(f"the hosts test bed needs the '{tool}' command (Debian: {package})")
     probe = f"{PREFIX}-probe"
-    done = _ip("netns", "add", probe, check=False)
+    done = run_ip("netns", "add", probe, check=False)
     if done.returncode != 0:
         raise HostsUnavailableError(f"this machine refuses network namespaces ('ip netns add' said: "
                                     f"{done.stderr.strip()}); the hosts test bed cannot run here")
@@ -98,18 +96,18 @@ def check_namespaces() -> None:
             raise HostsUnavailableError(f"this machine refuses private mounts in a namespace (unshare --mount: "
                                         f"{mnt.stderr.strip()}); the hosts test bed cannot run here")
     finally:
-        _ip("netns", "del", probe, check=False)
+        run_ip("netns", "del", probe, check=False)
 
 
 def leftovers() -> list[str]:
     """What of any test bed is still on this machine: namespaces, links and their processes."""
     found = []
-    for line in _ip("netns", "list", check=False).stdout.splitlines():
+    for line in run_ip("netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.strip() else ""
         if name.startswith(f"{PREFIX}-"):
-            pids = _ip("netns", "pids", name, check=False).stdout.split()
+            pids = run_ip("netns", "pids", name, check=False).stdout.split()
             found.append(f"namespace {name}" + (f" (pids {' '.join(pids)})" if pids else ""))
-    for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
+    for line in run_ip("-o", "link", "show", check=False).stdout.splitlines():
         parts = line.split(":")
         if len(parts) > 1 and parts[1].strip().split("@")[0].startswith(f"{PREFIX}-"):
             found.append(f"link {parts[1].strip().split('@')[0]}")
@@ -125,7 +123,7 @@ class HostNetwork:
 
     def exists(self) -> bool:
         """Whether the bridge is there (the network is up)."""
-        return _ip("link", "show", BRIDGE, check=False).returncode == 0
+        return run_ip("link", "show", BRIDGE, check=False).returncode == 0
 
     def up(self) -> None:
         """Make the bridge and each host's namespace, veth pair and addresses (what exists is kept).
@@ -136,23 +134,23 @@ class HostNetwork:
         """
         check_namespaces()
         if not self.exists():
-            _ip("link", "add", BRIDGE, "type", "bridge")
-            _ip("addr", "add", f"{self.bridge_address}/24", "dev", BRIDGE)
-            _ip("link", "set", BRIDGE, "up")
-        have = set(_ip("netns", "list").stdout.split())
+            run_ip("link", "add", BRIDGE, "type", "bridge")
+            run_ip("addr", "add", f"{self.bridge_address}/24", "dev", BRIDGE)
+            run_ip("link", "set", BRIDGE, "up")
+        have = set(run_ip("netns", "list").stdout.split())
         for h in self.hosts:
             if h.netns in have:
                 continue
-            _ip("netns", "add", h.netns)
-            _ip("link", "add", h.netns, "type", "veth", "peer", "name", "eth0", "netns", h.netns)
-            _ip("link", "set", h.netns, "master", BRIDGE, "up")
-            _ip("-n", h.netns, "addr", "add", f"{h.address}/24", "dev", "eth0")
-            _ip("-n", h.netns, "link", "set", "eth0", "up")
-            _ip("-n", h.netns, "link", "set", "lo", "up")
+            run_ip("netns", "add", h.netns)
+            run_ip("link", "add", h.netns, "type", "veth", "peer", "name", "eth0", "netns", h.netns)
+            run_ip("link", "set", h.netns, "master", BRIDGE, "up")
+            run_ip("-n", h.netns, "addr", "add", f"{h.address}/24", "dev", "eth0")
+            run_ip("-n", h.netns, "link", "set", "eth0", "up")
+            run_ip("-n", h.netns, "link", "set", "lo", "up")
 
     def pids(self, host: Host) -> list[int]:
         """The processes running in ``host``'s namespace."""
-        return [int(p) for p in _ip("netns", "pids", host.netns, check=False).stdout.split()]
+        return [int(p) for p in run_ip("netns", "pids", host.netns, check=False).stdout.split()]
 
     def kill(self, host: Host) -> list[int]:
         """SIGKILL every process in ``host``'s namespace once; returns those it signalled."""
@@ -174,9 +172,9 @@ class HostNetwork:
                     break
                 killed += len(self.kill(h))
                 time.sleep(0.1)
-            _ip("netns", "del", h.netns, check=False)
-            _ip("link", "del", h.netns, check=False)
-        _ip("link", "del", BRIDGE, check=False)
+            run_ip("netns", "del", h.netns, check=False)
+            run_ip("link", "del", h.netns, check=False)
+        run_ip("link", "del", BRIDGE, check=False)
         return killed
 
 

@@ -40,6 +40,8 @@ class S3ProxyServer(Server):
     """An S3Proxy server with a filesystem backend in its own detached process; ``identity`` is the
     access key, the secret key is generated at the first start and kept."""
 
+    start_timeout_s = 60.0
+
     def __init__(self, data_dir: Path | str, *, port: int = DEFAULT_OBJECTSTORE_PORT, host: str = "127.0.0.1",
                  identity: str = DEFAULT_IDENTITY, jars_dir: Path | None = None,
                  prefix: Sequence[str] = ()) -> None:
@@ -93,28 +95,10 @@ class S3ProxyServer(Server):
             f"jclouds.filesystem.basedir={self.blobs_dir}", ""]))
         self.config_file.chmod(0o600)
 
-    def start(self, *, timeout_s: float = 60.0) -> None:
-        """Start the server (unless it runs) and return once it answers HTTP requests.
-
-        Raises:
-            ObjectStoreServerError: no java or jar, the port is taken, or it was not ready in time.
-        """
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        pid = self.process.read_pid()
-        if pid is not None:
-            if self.process.alive(pid):  # stopped if it does not answer
-                self.await_ready(pid, timeout_s, f"S3Proxy (pid {pid}) from {self.data_dir} did not answer on "
-                                 f"port {self.port}")
-                return
-            self.pid_file.unlink(missing_ok=True)
-        self.refuse_taken()
-        try:
-            java = find_java()
-        except Exception as exc:  # ZooKeeperServerError: same message, this server's error type
-            raise ObjectStoreServerError(str(exc)) from exc
+    def command(self) -> list[str]:
+        """The ``java -jar`` command of S3Proxy (its jar fetched once), its configuration written."""
+        java = find_java(ObjectStoreServerError)
         jar = ensure_jar(S3PROXY_JAR, self._jars_dir or default_s3_jars_dir())
         self._write_config()
-        cmd = [java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-jar", str(jar),
-               "--properties", str(self.config_file)]
-        pid = self.process.launch(cmd, cwd=self.data_dir)
-        self.await_ready(pid, timeout_s, f"S3Proxy did not become ready on {self.host}:{self.port}")
+        return [java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-jar", str(jar),
+                "--properties", str(self.config_file)]

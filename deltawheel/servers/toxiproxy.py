@@ -20,16 +20,11 @@ from deltawheel.statestore.exceptions import ObjectStoreServerError
 
 from .service import Server
 
-__all__ = ["TOXIPROXY_MODULE", "TOXIPROXY_VERSION", "ToxiproxyServer", "default_bin_dir", "ensure_toxiproxy"]
+__all__ = ["TOXIPROXY_MODULE", "TOXIPROXY_VERSION", "ToxiproxyServer", "ensure_toxiproxy"]
 
 TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
 TOXIPROXY_VERSION = "v2.5.0"
 _BINARY = f"toxiproxy-server-{TOXIPROXY_VERSION}"
-
-
-def default_bin_dir() -> Path:
-    """The per-user cache of built programs: ``~/.cache/deltawheel/bin``."""
-    return Path.home() / ".cache" / "deltawheel" / "bin"
 
 
 def _go() -> str:
@@ -47,7 +42,7 @@ def ensure_toxiproxy(bin_dir: Path | None = None, *, quiet: bool = False) -> Pat
     Raises:
         ObjectStoreServerError: Go is missing or the build failed (with its output).
     """
-    bin_dir = bin_dir or default_bin_dir()
+    bin_dir = bin_dir or Path.home() / ".cache" / "deltawheel" / "bin"
     target = bin_dir / _BINARY
     if target.exists():
         return target
@@ -70,6 +65,7 @@ class ToxiproxyServer(Server):
     """A Toxiproxy server run from ``data_dir`` (its pid and log files), its API on ``port``."""
 
     stop_timeout_s = 10.0
+    port_hint = "pass another port"
 
     def __init__(self, data_dir: Path | str, *, port: int, host: str = "127.0.0.1",
                  bin_dir: Path | None = None) -> None:
@@ -105,17 +101,9 @@ class ToxiproxyServer(Server):
         except (OSError, ObjectStoreServerError):
             return False
 
-    def start(self, *, timeout_s: float = 30.0) -> None:
-        """Start the server (building it first if needed) and return once its API answers.
-
-        Raises:
-            ObjectStoreServerError: the port is taken, or the server did not answer in time.
-        """
-        binary = ensure_toxiproxy(self._bin_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.refuse_taken(hint="pass another port")
-        pid = self.process.launch([str(binary), "-host", self.host, "-port", str(self.port)], cwd=self.data_dir)
-        self.await_ready(pid, timeout_s, f"Toxiproxy did not answer on {self.api}")
+    def command(self) -> list[str]:
+        """The server's command (its binary built first if needed)."""
+        return [str(ensure_toxiproxy(self._bin_dir)), "-host", self.host, "-port", str(self.port)]
 
     def proxy(self, name: str, *, listen_port: int, upstream: str) -> str:
         """Create proxy ``name`` from ``listen_port`` to ``upstream`` (``host:port``); returns its URL."""

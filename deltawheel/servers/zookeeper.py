@@ -119,17 +119,6 @@ def configured_port(data_dir: Path | str) -> int | None:
     return None if port is None else int(port)
 
 
-def server_mode(host: str, port: int) -> str | None:
-    """The ``Mode:`` line of ``srvr`` (``standalone``, ``leader``, ``follower``); None if not serving."""
-    reply = four_letter_word(host, port, "srvr")
-    if reply is None or not reply.startswith("Zookeeper version"):
-        return None
-    for line in reply.splitlines():
-        if line.startswith("Mode:"):
-            return line.split(":", 1)[1].strip()
-    return None
-
-
 class EmbeddedZooKeeper(Server):
     """A local ZooKeeper server in its own detached process.
 
@@ -166,7 +155,10 @@ class EmbeddedZooKeeper(Server):
 
     def mode(self) -> str | None:
         """``standalone``, ``leader`` or ``follower`` (from ``srvr``); None while not serving."""
-        return server_mode(self.host, self.port)
+        reply = four_letter_word(self.host, self.port, "srvr")
+        if reply is None or not reply.startswith("Zookeeper version"):
+            return None
+        return next((ln.split(":", 1)[1].strip() for ln in reply.splitlines() if ln.startswith("Mode:")), None)
 
     def status(self) -> ZkServerStatus:
         """Whether the server of this data folder runs and answers on its port (and in which mode)."""
@@ -187,37 +179,15 @@ class EmbeddedZooKeeper(Server):
         self.config_file.write_text("\n".join([*lines, ""]))
         (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
 
-    def launch(self) -> int:
-        """Start the server process (unless it runs) without waiting for it to serve; returns its pid.
-        An ensemble member serves only once a quorum runs: start them all, then :meth:`wait_ready`.
+    def command(self) -> list[str]:
+        """The java command of this server, its ``zoo.cfg`` written; an ensemble member serves only
+        once a quorum runs: :meth:`launch` them all, then :meth:`wait_ready`.
 
         Raises:
-            ZooKeeperServerError: java or the jars are missing, or the port is taken by another process."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        running = self.process.pid()
-        if running is not None:
-            return running
-        self.pid_file.unlink(missing_ok=True)
-        self.refuse_taken()
+            ZooKeeperServerError: java or the jars are missing."""
         java = find_java()
         jars = self._jars_dir or pyspark_jars_dir()
         self._write_config()
-        return self.process.launch([java, *JVM_FLAGS, f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
-                                    "-Dzookeeper.jmx.log4j.disable=true", "-cp", server_classpath(jars),
-                                    self._main_class, str(self.config_file)], cwd=self.data_dir)
-
-    def wait_ready(self, *, timeout_s: float = 30.0) -> None:
-        """Return once the server serves requests; stop it and raise if it does not in time.
-
-        Raises:
-            ZooKeeperServerError: not running, or not ready within ``timeout_s``.
-        """
-        pid = self.process.read_pid()
-        if pid is None:
-            raise ZooKeeperServerError(f"ZooKeeper from {self.data_dir} is not running; start it first")
-        self.await_ready(pid, timeout_s, f"ZooKeeper did not become ready on {self.hosts}")
-
-    def start(self, *, timeout_s: float = 30.0) -> None:
-        """:meth:`launch`, then :meth:`wait_ready` (raising ZooKeeperServerError as they do)."""
-        self.launch()
-        self.wait_ready(timeout_s=timeout_s)
+        return [java, *JVM_FLAGS, f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+                "-Dzookeeper.jmx.log4j.disable=true", "-cp", server_classpath(jars), self._main_class,
+                str(self.config_file)]

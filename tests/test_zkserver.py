@@ -176,3 +176,18 @@ def test_a_jars_folder_laid_out_otherwise_goes_on_the_classpath_whole(tmp_path: 
     assert server_classpath(tmp_path) == f"{tmp_path}/*"
     picked = server_classpath(pyspark_jars_dir()).split(":")
     assert all(os.path.exists(j) for j in picked) and len(picked) < 20
+
+
+def test_a_kafka_broker_or_spark_cluster_without_java_says_so_with_its_own_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each server reports a missing ``java`` as its own failure (exit 8, not ZooKeeper's 4)."""
+    from deltawheel.servers.cluster import SparkStandalone
+    from deltawheel.servers.kafka import KafkaBroker
+    from deltawheel.statestore.exceptions import ClusterError, KafkaServerError
+
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(KafkaServerError, match="java not found"):
+        KafkaBroker(tmp_path / "kafka", port=free_port()).start()
+    with pytest.raises(ClusterError, match="java not found"):
+        SparkStandalone(tmp_path / "spark").start()

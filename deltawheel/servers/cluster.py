@@ -173,7 +173,7 @@ class SparkStandalone:
             raise
 
     def _start(self, timeout_s: float) -> None:
-        find_java()  # a clear error when there is none (spark-class's is terse)
+        find_java(ClusterError)  # a clear error when there is none (spark-class's is terse)
         spark_class, env = str(spark_home() / "bin" / "spark-class"), self._env()
         launch_spark(self.master, spark_class, self.host, self.ports["master"], self.ports["master_ui"], env=env)
         await_up(self.master, lambda: master_alive(self.master_json()), timeout_s)

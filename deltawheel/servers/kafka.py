@@ -109,7 +109,7 @@ class KafkaBroker(Server):
         (self.data_dir / "log4j.properties").write_text(_LOG4J)
 
     def _java(self, main: str, *args: str) -> list[str]:
-        return [find_java(), "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+        return [find_java(KafkaServerError), "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                 f"-Dlog4j.configuration=file:{self.data_dir / 'log4j.properties'}",
                 "-cp", self._classpath(), main, *args]
 

@@ -21,7 +21,6 @@ from typing import Any, Mapping, Sequence
 import psutil
 from deltawheel.statestore.jars import DELTA_VERSION
 
-from .args import add_throughput_arguments
 from .engines import ENGINES
 from .engines_spark import SPARK_BENCH_CONF, EngineResult, ProgressFn
 from .isolated import RunSpec, build_bench_session, run_isolated
@@ -29,7 +28,7 @@ from .memory import MemorySampler
 from .plot import plot_throughput
 from .workload import WorkloadData, WorkloadError, WorkloadParams, ensure_workload
 
-__all__ = ["ENGINES", "WARMUP", "round_orders", "run_throughput", "format_table", "main"]
+__all__ = ["ENGINES", "WARMUP", "round_orders", "run_throughput", "format_table"]
 
 WARMUP = WorkloadParams(n=4_000, b=2_000, k=500, rate=100)
 
@@ -312,14 +311,3 @@ def run_from_args(args: argparse.Namespace) -> int:
                             isolate=not bool(getattr(args, "shared_session", False)),
                             conf=parse_conf(getattr(args, "conf", None) or []))
     return 0 if all(e["correct"] for e in report["engines"].values()) else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``deltawheel bench throughput`` with parsed ``args``; returns 0 if every engine was correct, else 1."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_throughput_arguments(p)
-    return run_from_args(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,18 +9,17 @@ import argparse
 import bisect
 import heapq
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .args import DEFAULT_CAPACITIES, add_cache_arguments
+from .args import DEFAULT_CAPACITIES
 from .rowcache import MISS, RowCache
 from .workload import DELAY_MS, WIN_MS, WorkloadParams, ensure_workload
 
-__all__ = ["Batch", "Trace", "build_trace", "replay", "replay_opt", "run_cache_bench", "format_table", "main",
-           "DEFAULT_CAPACITIES"]
+__all__ = ["Batch", "Trace", "build_trace", "replay", "replay_opt", "run_cache_bench", "format_table",
+           "run_from_args", "DEFAULT_CAPACITIES"]
 
 BATCH_MS = 1_000  # processing time between batches in the replay (no processing-time timers here)
 
@@ -178,7 +177,9 @@ def run_cache_bench(size: str, *, out: Path, capacities: Sequence[float] = DEFAU
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cache.json").write_text(json.dumps(report, indent=1))
-    _plot(report, out / "cache.png")
+    from .plot import plot_cache
+
+    plot_cache(report, out / "cache.png")
     return report
 
 
@@ -196,27 +197,12 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    shares = [100 * r["capacity_share"] for r in report["runs"]]
-    for policy, style in (("lru", "o-"), ("window", "s-"), ("opt", "^--")):
-        ax.plot(shares, [r[policy]["hit_rate"] for r in report["runs"]], style, label=policy)
-    ax.set_xlabel("capacity (% of the keys the trace touches)")
-    ax.set_ylabel("hit rate (row reads served from memory)")
-    ax.set_title(f"row cache on the {report['size']} window-count trace ({report['lookups']:,} reads)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def run_from_args(args: argparse.Namespace) -> int:
+    """``deltawheel bench cache``: print the table, write the JSON (and PNG); returns 0.
+
+    Raises:
+        ConfigError: ``--capacities`` are not shares in (0, 1].
+    """
     from deltawheel.statestore.exceptions import ConfigError
 
     try:
@@ -237,18 +223,3 @@ def run_from_args(args: argparse.Namespace) -> int:
     print(format_table(report))
     print(f"wrote {Path(args.out) / 'cache.json'} and {Path(args.out) / 'cache.png'}")
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``deltawheel bench cache``: print the table, write ``cache.json`` and ``cache.png``; returns 0.
-
-    Raises:
-        ConfigError: ``--capacities`` are not shares in (0, 1].
-    """
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_cache_arguments(p)
-    return run_from_args(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

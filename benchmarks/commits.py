@@ -14,8 +14,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from .commits_report import plot, point_line, summarize
+from .commits_report import point_line, summarize
 from .commits_writer import WriterSpec, WriterStats, run_writer
+from .plot import plot_commits
 
 __all__ = ["run", "run_from_args", "measure_point", "Servers"]
 
@@ -288,7 +289,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             spark.stop()
         servers.stop()
     (out / "commits.json").write_text(json.dumps(result, indent=1, sort_keys=True))
-    plot(result, out / "commits.png")
+    plot_commits(result, out / "commits.png")
     print(f"commits: wrote {out / 'commits.json'} and {out / 'commits.png'}", flush=True)
     bad = [p for p in result["points"] if p["failed_batches"] or p["keys_missing"] or p["writer_errors"]
            or p["log_versions_of_counted_commits"] != p["commits"]]

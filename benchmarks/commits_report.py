@@ -1,13 +1,12 @@
-"""The commit benchmark's figures: a point's summary, its progress line, the plot."""
+"""The commit benchmark's figures: a point's summary and its progress line (the plot: :mod:`.plot`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
 from .commits_writer import WriterStats
 
-__all__ = ["summarize", "point_line", "plot", "percentile"]
+__all__ = ["summarize", "point_line", "percentile"]
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -66,36 +65,3 @@ def point_line(p: dict[str, Any]) -> str:
             f"conflicts/commit {p['conflicts_per_commit']}, failed {p['failed_batches']}, "
             f"writers without a commit {p['writers_without_commit']}, "
             f"ZooKeeper writes/batch {p['zk_writes_per_batch']} ({p['zk_writes_per_s']}/s), load {p['load_avg_1m']}")
-
-
-def plot(result: dict[str, Any], path: Path) -> None:
-    """commits/s and commit p99 against N, one line per store, latency and shape."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series: dict[str, list[dict[str, Any]]] = {}
-    for p in result["points"]:
-        lat = "" if p["target"] == "local" else f" +{p['latency_ms']} ms"
-        label = f"{p['target']}{lat} {p['shape']}"
-        series.setdefault(label, []).append(p)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for label, pts in sorted(series.items()):
-        pts = sorted(pts, key=lambda p: p["writers"])
-        xs = [p["writers"] for p in pts]
-        style = "-" if "computations" in label else "--"
-        ax1.plot(xs, [p["commits_per_s_store"] for p in pts], style, marker="o", label=label)
-        ax2.plot(xs, [p["commit_p99_ms"] or 0 for p in pts], style, marker="o", label=label)
-    for ax, title in ((ax1, "commits/s, one rows table"), (ax2, "commit p99 (ms)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("writers N")
-        ax.set_title(title)
-        ax.grid(True, alpha=0.3)
-    ax2.set_yscale("log")
-    ax1.legend(fontsize=7)
-    fig.suptitle(f"deltawheel bench commits ({result['cpus']} cores, {result['seconds']:g} s per point, "
-                 f"ZooKeeper: {result['zookeeper']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)

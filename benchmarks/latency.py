@@ -10,7 +10,6 @@ import argparse
 import datetime as _dt
 import json
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, replace
@@ -21,7 +20,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .args import add_latency_arguments
 from .engines_spark import SPARK_BENCH_CONF, fresh_dir
 from .latency_deltawheel import DeltaWheelLatencyEngine
 from .latency_engines import (
@@ -49,7 +47,7 @@ from .latency_measure import (
 from .latency_report import engine_extras, format_table, ratios
 from .memory import MemorySampler
 
-__all__ = ["ENGINES", "LatencySettings", "LatencyBenchError", "run_latency", "run_from_args", "main"]
+__all__ = ["ENGINES", "LatencySettings", "LatencyBenchError", "run_latency", "run_from_args"]
 
 ENGINES: dict[str, Callable[[LatencySettings], LatencyEngine]] = {
     "deltawheel": lambda st: DeltaWheelLatencyEngine(zk=st.zk),
@@ -370,7 +368,7 @@ def run_latency(st: LatencySettings, *, spark: Any = None, progress: Say | None 
         "prewarm": prewarm,
     }
     (out / "latency.json").write_text(json.dumps(report, indent=1, default=str))
-    from .latency_plot import plot_latency
+    from .plot import plot_latency
 
     plot_latency(report, out / "latency.png")
     say(format_table(report))
@@ -394,14 +392,3 @@ def run_from_args(args: argparse.Namespace) -> int:
     """``deltawheel bench latency``: 0 if every engine's output passed its checks, else 1."""
     report = run_latency(settings_from_args(args))
     return 0 if all(e["ok"] for e in report["engines"].values()) else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the latency benchmark from ``argv``."""
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    add_latency_arguments(p)
-    return run_from_args(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

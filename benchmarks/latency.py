@@ -23,13 +23,16 @@ import pyarrow.parquet as pq
 from .engines_spark import SPARK_BENCH_CONF, fresh_dir
 from .latency_deltawheel import DeltaWheelLatencyEngine
 from .latency_engines import (
+    INPUT_DDL,
+    SQL_OUTPUT_DDL,
     FileInput,
-    FloorEngine,
     LatencyBenchError,
     LatencyEngine,
     RunningEngine,
-    SparkSqlEngine,
-    SparkTwsEngine,
+    SparkEngine,
+    floor_query,
+    spark_sql_query,
+    spark_tws_query,
 )
 from .latency_input import Generator, Schedule, file_name
 from .latency_kafka import KafkaGenerator, KafkaInput, read_arrivals, record_batches
@@ -51,9 +54,9 @@ __all__ = ["ENGINES", "LatencySettings", "LatencyBenchError", "run_latency", "ru
 
 ENGINES: dict[str, Callable[[LatencySettings], LatencyEngine]] = {
     "deltawheel": lambda st: DeltaWheelLatencyEngine(zk=st.zk),
-    "spark_tws": lambda _st: SparkTwsEngine(),
-    "spark_sql": lambda _st: SparkSqlEngine(),
-    "floor": lambda _st: FloorEngine(),
+    "spark_tws": lambda _st: SparkEngine("spark_tws", spark_tws_query),
+    "spark_sql": lambda _st: SparkEngine("spark_sql", spark_sql_query, kind="key_counts", ddl=SQL_OUTPUT_DDL),
+    "floor": lambda _st: SparkEngine("floor", floor_query, output="copy", ddl=INPUT_DDL),
 }
 Say = Callable[[str], None]
 PREWARM_MAX_RATE = 1_000.0  # the pre-warm run warms code paths, not the engine's capacity

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .engines_spark import SPARK_BENCH_CONF, fresh_dir
+from .isolated import build_bench_session
 from .latency_deltawheel import DeltaWheelLatencyEngine
 from .latency_engines import (
     INPUT_DDL,
@@ -333,19 +334,9 @@ def run_latency(st: LatencySettings, *, spark: Any = None, progress: Say | None 
     conf = {**SPARK_BENCH_CONF, "spark.sql.streaming.numRecentProgressUpdates": "10000"}
     out = Path(st.out)
     out.mkdir(parents=True, exist_ok=True)
-    t = time.perf_counter()
-    if spark is None:
-        from deltawheel.executor.session import build_spark
-        from deltawheel.statestore.session.sparkenv import SparkSettings
-
-        session = build_spark(SparkSettings(app_name="deltawheel-bench-latency", log_level="ERROR", extra=conf,
-                                            kafka=True if st.source == "kafka" else None))
-    else:
-        session = spark.newSession()
-    for k, v in conf.items():
-        if k.startswith("spark.sql."):
-            session.conf.set(k, v)
-    say(f"spark session ready in {time.perf_counter() - t:.1f} s; engines one after another: {', '.join(st.engines)}")
+    session, start_s = build_bench_session(conf, spark=spark, app_name="deltawheel-bench-latency",
+                                           kafka=True if st.source == "kafka" else None)
+    say(f"spark session ready in {start_s:.1f} s; engines one after another: {', '.join(st.engines)}")
     broker = None
     if st.source == "kafka" and st.kafka is None:  # a local broker for this run
         from deltawheel.servers.kafka import KafkaBroker

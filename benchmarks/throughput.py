@@ -21,8 +21,8 @@ from typing import Any, Callable, Mapping, Sequence
 import psutil
 from deltawheel.statestore.jars import DELTA_VERSION
 
-from .engines import ENGINES
-from .engines_spark import SPARK_BENCH_CONF, EngineResult, ProgressFn
+from . import engine_deltawheel
+from .engines_spark import SPARK_BENCH_CONF, Engine, EngineResult, ProgressFn, SparkSqlEngine, SparkTwsEngine
 from .isolated import RunSpec, build_bench_session, run_isolated
 from .memory import MemorySampler
 from .plot import plot_throughput
@@ -31,6 +31,9 @@ from .workload import WorkloadData, WorkloadError, WorkloadParams, ensure_worklo
 __all__ = ["ENGINES", "WARMUP", "round_orders", "run_throughput", "format_table"]
 
 WARMUP = WorkloadParams(n=4_000, b=2_000, k=500, rate=100)
+#: the engines by name: Spark's own operators and deltawheel's write paths
+ENGINES: dict[str, Callable[[], Engine]] = {"spark_sql": SparkSqlEngine, "spark_tws": SparkTwsEngine,
+                                            **engine_deltawheel.ENGINES}
 
 
 def _machine_info(spark_version: str) -> dict[str, Any]:

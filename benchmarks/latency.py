@@ -43,12 +43,14 @@ from .latency_measure import (
     COMMIT_TIME_SOURCES,
     check_key_counts,
     check_records,
+    engine_extras,
+    format_table,
     percentiles,
+    ratios,
     record_times,
     summarize,
     version_times,
 )
-from .latency_report import engine_extras, format_table, ratios
 from .memory import MemorySampler
 
 __all__ = ["ENGINES", "LatencySettings", "LatencyBenchError", "run_latency", "run_from_args"]

@@ -84,7 +84,7 @@ def test_key_count_checks_follow_each_batch_increment() -> None:
 
 
 def test_a_failed_check_is_printed_loudly() -> None:
-    from deltawheel.benchmarks.latency_report import format_table
+    from deltawheel.benchmarks.latency_measure import format_table
 
     lat = {"n": 10, "p50": 1.0, "p95": 1.0, "p99": 1.0, "max": 1.0}
     common = {"latency_s": lat, "throughput": {"input_records_per_s": 10.0, "output_records_per_s": 10.0},

@@ -158,5 +158,6 @@ def test_bench_cache_replays_the_batch_paths_recorded_trace(spark, tmp_path, mon
     half = report["runs"][0]
     assert half["opt"]["hit_rate"] >= max(half["window"]["hit_rate"], half["lru"]["hit_rate"])
     assert "image lookups" in capsys.readouterr().out
-    with pytest.raises(ConfigError, match="no image cache trace"):
-        main(["--trace", str(tmp_path / "out"), "--out", str(tmp_path / "out2")])
+    assert main(["bench", "cache", "--trace", str(tmp_path / "out"), "--out", str(tmp_path / "out2")]) \
+        == ConfigError.exit_code
+    assert "ConfigError: " in (err := capsys.readouterr().err) and "no image cache trace" in err

@@ -1,5 +1,5 @@
-"""The benchmarks' command-line arguments, shared by ``python -m`` and ``deltawheel bench``
-(argparse only: the CLI registers them without importing the benchmark modules)."""
+"""The ``deltawheel bench`` command-line arguments (argparse only: the CLI registers them without
+importing the benchmark modules)."""
 
 from __future__ import annotations
 

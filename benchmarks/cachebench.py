@@ -1,7 +1,9 @@
 """Cache benchmark: the window-aware row cache against LRU on the same access trace.
 
 The trace is what the throughput benchmark's window count asks of its rows, batch by batch, replayed
-at several capacities and through Belady's offline optimum; a miss is a storage read."""
+at several capacities and through Belady's offline optimum; a miss is a storage read. With
+``--trace DIR``, the image cache's real lookups recorded by a run with
+``DELTAWHEEL_IMAGE_CACHE_TRACE=DIR`` instead, bounded to shares of the trace's peak bytes of live images."""
 
 from __future__ import annotations
 
@@ -9,18 +11,20 @@ import argparse
 import bisect
 import heapq
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .args import DEFAULT_CAPACITIES, add_cache_arguments
+from deltawheel.statestore.exceptions import ConfigError
+
+from .args import DEFAULT_CAPACITIES
 from .rowcache import MISS, RowCache
 from .workload import DELAY_MS, WIN_MS, WorkloadParams, ensure_workload
 
-__all__ = ["Batch", "Trace", "build_trace", "replay", "replay_opt", "run_cache_bench", "format_table", "main",
-           "DEFAULT_CAPACITIES"]
+__all__ = ["Batch", "Trace", "build_trace", "replay", "replay_opt", "run_cache_bench", "format_table",
+           "run_from_args", "DEFAULT_CAPACITIES", "read_trace", "replay_trace", "replay_trace_opt", "run_trace_bench",
+           "format_trace_table"]
 
 BATCH_MS = 1_000  # processing time between batches in the replay (no processing-time timers here)
 
@@ -178,7 +182,9 @@ def run_cache_bench(size: str, *, out: Path, capacities: Sequence[float] = DEFAU
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cache.json").write_text(json.dumps(report, indent=1))
-    _plot(report, out / "cache.png")
+    from .plot import plot_cache
+
+    plot_cache(report, out / "cache.png")
     return report
 
 
@@ -196,29 +202,124 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
+def read_trace(folder: Path) -> dict[str, list[dict[str, Any]]]:
+    """Each worker's events in order (``images-<pid>.jsonl`` -> its lines).
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Raises:
+        ConfigError: the folder holds no trace file.
+    """
+    files = sorted(Path(folder).glob("images-*.jsonl"))
+    if not files:
+        raise ConfigError(f"{folder}: no image cache trace (images-*.jsonl); run a pipeline with "
+                          f"DELTAWHEEL_IMAGE_CACHE_TRACE={folder} first")
+    return {f.stem: [json.loads(line) for line in f.read_text().splitlines() if line.strip()] for f in files}
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    shares = [100 * r["capacity_share"] for r in report["runs"]]
-    for policy, style in (("lru", "o-"), ("window", "s-"), ("opt", "^--")):
-        ax.plot(shares, [r[policy]["hit_rate"] for r in report["runs"]], style, label=policy)
-    ax.set_xlabel("capacity (% of the keys the trace touches)")
-    ax.set_ylabel("hit rate (row reads served from memory)")
-    ax.set_title(f"row cache on the {report['size']} window-count trace ({report['lookups']:,} reads)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+
+def _key(e: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(e["paths"])
+
+
+def replay_trace(events: list[dict[str, Any]], policy: str, max_bytes: int) -> dict[str, int]:
+    """One worker's events through an :class:`ImageCache` bounded to ``max_bytes``."""
+    from deltawheel.executor.tasks.image.cache import ImageCache
+
+    cache = ImageCache(max_bytes, policy=policy)
+    for e in events:
+        slot = (e["comp"], e["iv"])
+        if e["op"] == "get":
+            cache.observe(e["comp"], e.get("wm"))
+            if cache.get(_key(e), slot=slot, count=bool(e["paths"])) is None:
+                cache.put(_key(e), None, nbytes=e["bytes"], next_ev=e.get("next_ev"), slot=slot, group=e["comp"])
+        else:
+            cache.put(_key(e), None, nbytes=e["bytes"], next_ev=e.get("next_ev"), slot=slot, group=e["comp"])
+    return {"lookups": cache.lookups, "hits": cache.hits, "evictions": cache.evictions}
+
+
+def replay_trace_opt(events: list[dict[str, Any]], max_bytes: int) -> dict[str, int]:
+    """Belady's optimum on one worker's events: over the bound, drop the image next looked up last."""
+    nxt: list[float] = [float("inf")] * len(events)
+    seen: dict[tuple[str, ...], int] = {}
+    for i in range(len(events) - 1, -1, -1):
+        e = events[i]
+        k = _key(e)
+        nxt[i] = seen.get(k, float("inf"))
+        if e["op"] == "get":
+            seen[k] = i
+    held: dict[tuple[str, ...], tuple[int, float]] = {}  # key -> (bytes, its next lookup)
+    lookups = hits = evictions = 0
+    for i, e in enumerate(events):
+        k = _key(e)
+        if e["op"] == "get" and e["paths"]:
+            lookups += 1
+            if k in held:
+                hits += 1
+                held[k] = (held[k][0], nxt[i])
+                continue
+        held[k] = (e["bytes"], nxt[i])
+        while sum(b for b, _ in held.values()) > max_bytes and held:
+            victim = max(held, key=lambda x: held[x][1])
+            del held[victim]
+            evictions += 1
+    return {"lookups": lookups, "hits": hits, "evictions": evictions}
+
+
+def _peak_live_bytes(events: list[dict[str, Any]]) -> int:
+    live: dict[tuple[str, int], int] = {}
+    peak = 0
+    for e in events:
+        live[(e["comp"], e["iv"])] = e["bytes"]
+        peak = max(peak, sum(live.values()))
+    return peak
+
+
+def run_trace_bench(folder: Path, *, out: Path, shares: Sequence[float]) -> dict[str, Any]:
+    """Replay the trace in ``folder`` at each bound (a share of each worker's peak live bytes)."""
+    workers = read_trace(folder)
+    runs = []
+    for share in shares:
+        row: dict[str, Any] = {"capacity_share": share}
+        for policy in ("lru", "window", "opt"):
+            tot = {"lookups": 0, "hits": 0, "evictions": 0}
+            for events in workers.values():
+                cap = max(1, int(share * _peak_live_bytes(events)))
+                got = replay_trace_opt(events, cap) if policy == "opt" else replay_trace(events, policy, cap)
+                for c in tot:
+                    tot[c] += got[c]
+            tot["hit_rate"] = round(tot["hits"] / tot["lookups"], 4) if tot["lookups"] else 0.0  # type: ignore[assignment]
+            row[policy] = tot
+        runs.append(row)
+    report = {"benchmark": "cache_trace", "trace": str(folder), "workers": len(workers),
+              "events": sum(len(v) for v in workers.values()),
+              "lookups": sum(1 for v in workers.values() for e in v if e["op"] == "get" and e["paths"]),
+              "recorded_hit_rate": _recorded_hit_rate(workers), "runs": runs}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cache_trace.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def _recorded_hit_rate(workers: dict[str, list[dict[str, Any]]]) -> float | None:
+    gets = [e for v in workers.values() for e in v if e["op"] == "get" and e["paths"]]
+    return round(sum(bool(e["hit"]) for e in gets) / len(gets), 4) if gets else None
+
+
+def format_trace_table(report: dict[str, Any]) -> str:
+    """The runs as a text table: hit rate per policy at each bound."""
+    head = f"{'bound (share of peak bytes)':>28} {'lru':>7} {'window':>7} {'opt':>7}"
+    lines = [f"{report['workers']} workers, {report['lookups']} image lookups (recorded hit rate "
+             f"{report['recorded_hit_rate']})", head, "-" * len(head)]
+    for r in report["runs"]:
+        lines.append(f"{r['capacity_share']:>28.0%} {r['lru']['hit_rate']:>7.3f} {r['window']['hit_rate']:>7.3f} "
+                     f"{r['opt']['hit_rate']:>7.3f}")
+    return "\n".join(lines)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    from deltawheel.statestore.exceptions import ConfigError
+    """``deltawheel bench cache``: print the table, write the JSON (and PNG); returns 0.
 
+    Raises:
+        ConfigError: ``--capacities`` are not shares in (0, 1].
+    """
     try:
         caps = [float(c) for c in str(args.capacities).split(",") if c.strip()]
     except ValueError:
@@ -226,8 +327,6 @@ def run_from_args(args: argparse.Namespace) -> int:
     if not caps or any(not 0 < c <= 1 for c in caps):
         raise ConfigError(f"--capacities must be shares in (0, 1], got {args.capacities!r}")
     if getattr(args, "trace", None):
-        from .cachetrace import format_trace_table, run_trace_bench
-
         got = run_trace_bench(Path(args.trace), out=Path(args.out), shares=caps)
         print(format_trace_table(got))
         print(f"wrote {Path(args.out) / 'cache_trace.json'}")
@@ -237,18 +336,3 @@ def run_from_args(args: argparse.Namespace) -> int:
     print(format_table(report))
     print(f"wrote {Path(args.out) / 'cache.json'} and {Path(args.out) / 'cache.png'}")
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``deltawheel bench cache``: print the table, write ``cache.json`` and ``cache.png``; returns 0.
-
-    Raises:
-        ConfigError: ``--capacities`` are not shares in (0, 1].
-    """
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_cache_arguments(p)
-    return run_from_args(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow as pa
 
@@ -16,13 +17,14 @@ from .engines_spark import EngineResult, ProgressFn, build_result
 from .memory import measured_run_ended
 from .workload import WorkloadData
 
-__all__ = ["ENGINES", "DeltaWheelEngine", "window_count"]
+__all__ = ["ENGINES", "DeltaWheelEngine", "window_count", "pipeline_runner"]
 
 WIN = 10_000
 
 
-def _computation(intervals: int = 4, *, vectorised: bool = False, columnar: bool = False) -> Any:
-    """The window count over ``intervals`` key intervals, declaring the ``vectorised`` / ``columnar`` path."""
+def window_count(intervals: int = 4, *, vectorised: bool = False, columnar: bool = False) -> Any:
+    """The benchmark's window count over ``intervals`` key intervals: per record, or declaring the
+    ``vectorised`` / ``columnar`` path."""
     from deltawheel.executor.computation import RECORD_KEY, Computation
 
     class WindowCount(Computation):
@@ -73,11 +75,6 @@ def _computation(intervals: int = 4, *, vectorised: bool = False, columnar: bool
     return WindowCountVector()
 
 
-def window_count(intervals: int = 4, *, vectorised: bool = False, columnar: bool = False) -> Any:
-    """The benchmark's computation (:func:`_computation`): per record, vectorised or columnar."""
-    return _computation(intervals, vectorised=vectorised, columnar=columnar)
-
-
 def _columnar(base: Any) -> Any:
     """The window count declaring the columnar path (``base``: the per-record class)."""
     from deltawheel.executor.computation import ColumnBatch, ColumnResult
@@ -122,6 +119,44 @@ def state_partitions(spark: Any) -> int:
     return int(spark.conf.get("spark.sql.shuffle.partitions"))
 
 
+@contextmanager
+def pipeline_runner(spark: Any, data: WorkloadData, comp: Any, folder: Path, *, store: str | None = None,
+                    subdir: str = "", pipeline: str = "bench", watermark_percentile: float | None = None,
+                    **runner: Any) -> Iterator[tuple[Any, Any]]:
+    """A fresh store below ``folder`` (or ``store``/``subdir``) with its own ZooKeeper, and a
+    ``PipelineRunner`` of ``comp`` over the workload's files, one per batch: (layout, runner). The
+    ZooKeeper stops on leaving."""
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.executor.sources.parquet import ParquetInjector
+    from deltawheel.statestore.config import ZkConfig
+    from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.process import free_ports
+
+    from deltawheel import migrations
+    from deltawheel.servers.zookeeper import EmbeddedZooKeeper
+
+    folder.mkdir(parents=True, exist_ok=True)
+    local = tempfile.mkdtemp(prefix="store-", dir=folder)
+    layout = StoreLayout(local if store is None else f"{store}/{subdir}/{Path(local).name}")
+    zk = EmbeddedZooKeeper(Path(local) / "_zk", port=free_ports(1)[0])
+    zk.start()
+    try:
+        if store is not None and store.startswith("s3a://"):  # commits arbitrated by this ZooKeeper
+            from deltawheel.statestore.objectstore.logstore import configure_log_store
+
+            configure_log_store(spark, zk.hosts, chroot="/bench-logstore")
+        migrations.apply(spark, layout, dry_run=False)
+        inj = ParquetInjector("events", str(data.input_dir), key_column="key", event_time_column="event_time",
+                              value_columns=[], record_id_column="record_id", max_files_per_trigger=1,
+                              watermark_delay_ms=10_000, watermark_percentile=watermark_percentile)
+        yield layout, PipelineRunner(spark, layout, Pipeline(pipeline, (inj,), (comp,)),
+                                     zk=ZkConfig(hosts=zk.hosts, chroot=f"/{pipeline}"), end_of_input=False,
+                                     **runner)
+    finally:
+        zk.stop()
+
+
 class DeltaWheelEngine:
     """The image write path (the default): interval images + one Delta transaction per batch."""
 
@@ -135,37 +170,13 @@ class DeltaWheelEngine:
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any, progress: ProgressFn | None = None,
             store: str | None = None) -> EngineResult:
         """Run the window count through a deltawheel pipeline (the store below ``store`` or ``out_dir``)."""
-        from deltawheel.executor.drivers.pipeline import Pipeline
-        from deltawheel.executor.drivers.runner import PipelineRunner
-        from deltawheel.executor.sources.parquet import ParquetInjector
         from deltawheel.executor.tasks.paths import choose_write_path
         from deltawheel.statestore.codecs import get_codec
-        from deltawheel.statestore.config import ZkConfig
-        from deltawheel.statestore.layout import StoreLayout
-        from deltawheel.statestore.process import free_ports
 
-        from deltawheel import migrations
-        from deltawheel.servers.zookeeper import EmbeddedZooKeeper
-
-        base = Path(out_dir) / self.name
-        local = tempfile.mkdtemp(prefix="store-", dir=_mk(base))
-        layout = StoreLayout(local if store is None else f"{store}/{self.name}/{Path(local).name}")
-        zk = EmbeddedZooKeeper(Path(local) / "_zk", port=free_ports(1)[0])
-        zk.start()
-        try:
-            if store is not None and store.startswith("s3a://"):  # commits arbitrated by this ZooKeeper
-                from deltawheel.statestore.objectstore.logstore import configure_log_store
-
-                configure_log_store(spark, zk.hosts, chroot="/bench-logstore")
-            migrations.apply(spark, layout, dry_run=False)
-            comp = _computation(state_partitions(spark), vectorised=self.vectorised, columnar=self.columnar)
-            inj = ParquetInjector("events", str(data.input_dir), key_column="key", event_time_column="event_time",
-                                  value_columns=[], record_id_column="record_id", max_files_per_trigger=1,
-                                  watermark_delay_ms=10_000)
-            runner = PipelineRunner(spark, layout, Pipeline("bench", (inj,), (comp,)),
-                                    zk=ZkConfig(hosts=zk.hosts, chroot="/bench"), end_of_input=False,
-                                    progress=progress or (lambda _s: None), write_path=self.write_path,
-                                    direct_read=self.direct_read)
+        comp = window_count(state_partitions(spark), vectorised=self.vectorised, columnar=self.columnar)
+        with pipeline_runner(spark, data, comp, Path(out_dir) / self.name, store=store, subdir=self.name,
+                             progress=progress or (lambda _s: None), write_path=self.write_path,
+                             direct_read=self.direct_read) as (layout, runner):
             t0 = time.monotonic()
             summary = runner.run()
             wall = time.monotonic() - t0
@@ -180,8 +191,6 @@ class DeltaWheelEngine:
             state = (spark.read.format("delta").load(layout.rows)
                      .where((F.col("computation") == "window_count") & F.col("state").isNotNull())
                      .select("state").collect())
-        finally:
-            zk.stop()
         reports = summary.reports["window_count"]
         out = pa.table({"key": [r[0] for r in rows], "window_start_ms": pa.array([r[1] for r in rows], pa.int64()),
                         "count": pa.array([r[2] for r in rows], pa.int64())})
@@ -247,11 +256,6 @@ _WRITE_PATHS = {
              "+ blind-append delivery with SetTransaction per interval",
     "merge": "fenced Delta MERGE per batch + insert-only MERGE delivery",
 }
-
-
-def _mk(p: Path) -> str:
-    p.mkdir(parents=True, exist_ok=True)
-    return str(p)
 
 
 class DeltaWheelJvmReadEngine(DeltaWheelEngine):

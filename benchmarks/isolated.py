@@ -56,14 +56,15 @@ class IsolatedRun:
     conf_applied: Mapping[str, str | None] | None = None  # the spec's conf as the child's session holds it
 
 
-def build_bench_session(conf: Mapping[str, str], *, spark: Any = None) -> tuple[Any, float]:
+def build_bench_session(conf: Mapping[str, str], *, spark: Any = None, app_name: str = "deltawheel-bench",
+                        kafka: bool | None = None) -> tuple[Any, float]:
     """The benchmark's session (built with ``conf``, or a child of ``spark``) and its start seconds."""
     t0 = time.perf_counter()
     if spark is None:
         from deltawheel.executor.session import build_spark
         from deltawheel.statestore.session.sparkenv import SparkSettings
 
-        session = build_spark(SparkSettings(app_name="deltawheel-bench", log_level="ERROR", extra=dict(conf)))
+        session = build_spark(SparkSettings(app_name=app_name, log_level="ERROR", extra=dict(conf), kafka=kafka))
     else:
         session = spark.newSession()
         session.sparkContext.setLogLevel("ERROR")
@@ -171,7 +172,7 @@ def run_isolated(spec: RunSpec, *, work_dir: Path, progress: ProgressFn | None =
 
 def child_main(spec_path: str, to_parent_fd: int, from_parent_fd: int) -> int:
     """The child's side of the protocol (module docstring): ``python -m deltawheel.benchmarks.isolated`` runs it."""
-    from .engines import ENGINES
+    from .throughput import ENGINES
 
     spec, result_path = pickle.loads(Path(spec_path).read_bytes())
     assert isinstance(spec, RunSpec)

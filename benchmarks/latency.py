@@ -10,7 +10,6 @@ import argparse
 import datetime as _dt
 import json
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, replace
@@ -21,17 +20,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .args import add_latency_arguments
 from .engines_spark import SPARK_BENCH_CONF, fresh_dir
+from .isolated import build_bench_session
 from .latency_deltawheel import DeltaWheelLatencyEngine
 from .latency_engines import (
+    INPUT_DDL,
+    SQL_OUTPUT_DDL,
     FileInput,
-    FloorEngine,
     LatencyBenchError,
     LatencyEngine,
     RunningEngine,
-    SparkSqlEngine,
-    SparkTwsEngine,
+    SparkEngine,
+    floor_query,
+    spark_sql_query,
+    spark_tws_query,
 )
 from .latency_input import Generator, Schedule, file_name
 from .latency_kafka import KafkaGenerator, KafkaInput, read_arrivals, record_batches
@@ -41,21 +43,23 @@ from .latency_measure import (
     COMMIT_TIME_SOURCES,
     check_key_counts,
     check_records,
+    engine_extras,
+    format_table,
     percentiles,
+    ratios,
     record_times,
     summarize,
     version_times,
 )
-from .latency_report import engine_extras, format_table, ratios
 from .memory import MemorySampler
 
-__all__ = ["ENGINES", "LatencySettings", "LatencyBenchError", "run_latency", "run_from_args", "main"]
+__all__ = ["ENGINES", "LatencySettings", "LatencyBenchError", "run_latency", "run_from_args"]
 
 ENGINES: dict[str, Callable[[LatencySettings], LatencyEngine]] = {
     "deltawheel": lambda st: DeltaWheelLatencyEngine(zk=st.zk),
-    "spark_tws": lambda _st: SparkTwsEngine(),
-    "spark_sql": lambda _st: SparkSqlEngine(),
-    "floor": lambda _st: FloorEngine(),
+    "spark_tws": lambda _st: SparkEngine("spark_tws", spark_tws_query),
+    "spark_sql": lambda _st: SparkEngine("spark_sql", spark_sql_query, kind="key_counts", ddl=SQL_OUTPUT_DDL),
+    "floor": lambda _st: SparkEngine("floor", floor_query, output="copy", ddl=INPUT_DDL),
 }
 Say = Callable[[str], None]
 PREWARM_MAX_RATE = 1_000.0  # the pre-warm run warms code paths, not the engine's capacity
@@ -332,19 +336,9 @@ def run_latency(st: LatencySettings, *, spark: Any = None, progress: Say | None 
     conf = {**SPARK_BENCH_CONF, "spark.sql.streaming.numRecentProgressUpdates": "10000"}
     out = Path(st.out)
     out.mkdir(parents=True, exist_ok=True)
-    t = time.perf_counter()
-    if spark is None:
-        from deltawheel.executor.session import build_spark
-        from deltawheel.statestore.session.sparkenv import SparkSettings
-
-        session = build_spark(SparkSettings(app_name="deltawheel-bench-latency", log_level="ERROR", extra=conf,
-                                            kafka=True if st.source == "kafka" else None))
-    else:
-        session = spark.newSession()
-    for k, v in conf.items():
-        if k.startswith("spark.sql."):
-            session.conf.set(k, v)
-    say(f"spark session ready in {time.perf_counter() - t:.1f} s; engines one after another: {', '.join(st.engines)}")
+    session, start_s = build_bench_session(conf, spark=spark, app_name="deltawheel-bench-latency",
+                                           kafka=True if st.source == "kafka" else None)
+    say(f"spark session ready in {start_s:.1f} s; engines one after another: {', '.join(st.engines)}")
     broker = None
     if st.source == "kafka" and st.kafka is None:  # a local broker for this run
         from deltawheel.servers.kafka import KafkaBroker
@@ -370,7 +364,7 @@ def run_latency(st: LatencySettings, *, spark: Any = None, progress: Say | None 
         "prewarm": prewarm,
     }
     (out / "latency.json").write_text(json.dumps(report, indent=1, default=str))
-    from .latency_plot import plot_latency
+    from .plot import plot_latency
 
     plot_latency(report, out / "latency.png")
     say(format_table(report))
@@ -394,14 +388,3 @@ def run_from_args(args: argparse.Namespace) -> int:
     """``deltawheel bench latency``: 0 if every engine's output passed its checks, else 1."""
     report = run_latency(settings_from_args(args))
     return 0 if all(e["ok"] for e in report["engines"].values()) else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the latency benchmark from ``argv``."""
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    add_latency_arguments(p)
-    return run_from_args(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -98,49 +98,33 @@ def _collect(reports: Any, seen: dict[int, dict[str, Any]]) -> dict[int, dict[st
 
 
 class _DeltaWheelRun(SparkRun):
-    def __init__(self, engine: Any, query: Any, executor: Any, outputs: tuple[StageOutput, ...],
-                 settings: dict[str, Any]) -> None:
-        super().__init__([query], outputs, settings)
-        self.engine = engine
-        self.executor = executor
-        self._reports: dict[int, dict[str, Any]] = {}
+    """deltawheel's queries, one per stage; ``executor(stage)`` reports its batches, ``check`` raises a
+    stage's failed batch (its typed error)."""
 
-    def batch_details(self, stage: int) -> dict[int, dict[str, Any]]:
-        """The executor's batch reports by batch id."""
-        return _collect(self.executor.reports, self._reports)
-
-    def stop(self) -> None:
-        """Stop the query and the executor (the last delivery lands, leases go back), close the engine."""
-        self.poll()
-        self.batch_details(1)
-        self.engine.close()
-
-
-class _DeltaWheelPipelineRun(SparkRun):
-    """The stages of a :class:`~deltawheel.executor.drivers.continuous.ContinuousRun`, one query each."""
-
-    def __init__(self, engine: Any, run: Any, names: list[str], outputs: tuple[StageOutput, ...],
-                 settings: dict[str, Any]) -> None:
-        super().__init__([run.queries[n] for n in names], outputs, settings)
-        self.engine, self.run, self.names = engine, run, names
-        self._reports: list[dict[int, dict[str, Any]]] = [{} for _ in names]
+    def __init__(self, engine: Any, queries: list[Any], executor: Callable[[int], Any],
+                 outputs: tuple[StageOutput, ...], settings: dict[str, Any],
+                 check: Callable[[], None] | None = None) -> None:
+        super().__init__(queries, outputs, settings)
+        self.engine, self.executor, self.check = engine, executor, check
+        self._reports: list[dict[int, dict[str, Any]]] = [{} for _ in queries]
 
     def batch_details(self, stage: int) -> dict[int, dict[str, Any]]:
         """The stage's executor's batch reports by batch id."""
-        return _collect(self.run.executors[self.names[stage - 1]].reports, self._reports[stage - 1])
+        return _collect(self.executor(stage).reports, self._reports[stage - 1])
 
     def error(self) -> str | None:
-        """A stage's failed batch (its typed error), or a query that ended."""
+        """A stage's failed batch, or a query that ended."""
         try:
-            self.run.check()
+            if self.check is not None:
+                self.check()
         except Exception as exc:
             return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
         return super().error()
 
     def stop(self) -> None:
-        """Stop the run gracefully (every stage's batch in flight ends, deliveries land, leases go back)."""
+        """Stop gracefully (every stage's batch in flight ends, deliveries land, leases go back)."""
         self.poll()
-        for stage in range(1, len(self.names) + 1):
+        for stage in range(1, len(self.queries) + 1):
             self.batch_details(stage)
         self.engine.close()
 
@@ -198,10 +182,10 @@ class DeltaWheelLatencyEngine:
                              operator="Computation.process_record: state += 1, produce(count) per record",
                              output="the counts stream table, one delivery commit per batch after the rows "
                                     "commit")
-        return _DeltaWheelRun(engine, query, executor, outputs, settings)
+        return _DeltaWheelRun(engine, [query], lambda _stage: executor, outputs, settings)
 
     def _start_pipeline(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path,
-                        stages: int) -> _DeltaWheelPipelineRun:
+                        stages: int) -> _DeltaWheelRun:
         """``stages`` computations (:data:`STAGES`), every stage's query live at once."""
         from deltawheel.executor.drivers.pipeline import Pipeline
         from deltawheel.executor.sources.kafka import KafkaInjector
@@ -239,4 +223,5 @@ class DeltaWheelLatencyEngine:
                      "stages 2..n: produce the record's count on (no state)",
             output="each stage's stream table, one delivery commit per batch after the rows commit; "
                    "a later stage reads its upstream's stream table (Delta source)")
-        return _DeltaWheelPipelineRun(engine, run, names, outputs, settings)
+        return _DeltaWheelRun(engine, [run.queries[n] for n in names], lambda stage: run.executors[names[stage - 1]],
+                              outputs, settings, check=run.check)

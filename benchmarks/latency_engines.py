@@ -16,7 +16,7 @@ from deltawheel.statestore.exceptions import ConfigError
 from .latency_kafka import KafkaInput
 
 __all__ = ["LatencyBenchError", "INPUT_DDL", "FileInput", "StageOutput", "RunningEngine", "LatencyEngine", "SparkRun",
-           "FloorEngine", "SparkSqlEngine", "SparkTwsEngine", "records_from_spark", "key_number"]
+           "SparkEngine", "floor_query", "spark_sql_query", "spark_tws_query", "records_from_spark", "key_number"]
 
 INPUT_DDL = "record_id string, key string, event_time timestamp"
 SQL_OUTPUT_DDL = "key string, count long, batch_id long"
@@ -196,55 +196,59 @@ def chain(spark: Any, *, first: StageOutput, ddl: str, work_dir: Path, name: str
     return queries, outputs, {"later_stages": LATER_STAGES} if stages > 1 else {}
 
 
-class FloorEngine:
-    """Parquet -> Delta, no state."""
+@dataclass
+class SparkEngine:
+    """A Spark engine: ``query(df, out=, chk=, work_dir=)`` starts its query of the input into the first
+    stage's table and returns it and its settings; later stages copy that table (:func:`chain`)."""
 
-    name = "floor"
+    name: str
+    query: Callable[..., tuple[Any, dict[str, str]]]
+    output: str = "counts"  # the first stage's output, its kind and DDL
+    kind: str = "records"
+    ddl: str = TWS_OUTPUT_DDL
     stages: tuple[int, ...] = (1, 3)
 
     def start(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
-        """Start the copy query (and, for several stages, the copies of its output: :func:`chain`)."""
+        """Start the engine's query on ``source`` (and, for several stages, the copies of its output)."""
         _check_stages(self.name, stages, self.stages)
         out, chk = work_dir / "output", work_dir / "checkpoint"
-        first = StageOutput(stage=1, name="copy", table=out, checkpoint=chk, kind="records",
-                            normalize=records_from_spark)
-        later_q, later_out, later = chain(spark, first=first, ddl=INPUT_DDL, work_dir=work_dir, name=self.name,
+        first = StageOutput(stage=1, name=self.output, table=out, checkpoint=chk, kind=self.kind,
+                            normalize=key_counts_from_spark if self.kind == "key_counts" else records_from_spark)
+        later_q, later_out, later = chain(spark, first=first, ddl=self.ddl, work_dir=work_dir, name=self.name,
                                           stages=stages)
-        q = (_input(spark, source).writeStream.format("delta").outputMode("append")
-             .option("checkpointLocation", str(chk)).queryName("latency_floor").start(str(out)))
-        return SparkRun([q, *later_q], (first, *later_out), _settings(
-            spark, sink="Delta sink (append; exactly-once by its txn per batch)", operator="none (stateless copy)",
-            **later))
+        q, settings = self.query(_input(spark, source), out=out, chk=chk, work_dir=work_dir)
+        return SparkRun([q, *later_q], (first, *later_out), _settings(spark, **settings, **later))
 
 
-class SparkSqlEngine:
-    """Spark SQL's running count per key."""
+DELTA_SINK = "Delta sink (append; exactly-once by its txn per batch)"
 
-    name = "spark_sql"
-    stages: tuple[int, ...] = (1, 3)
 
-    def start(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
-        """Start ``groupBy(key).count()`` in update mode into a Delta table by foreachBatch."""
-        from pyspark.sql import functions as F
+def _delta_sink(df: Any, *, chk: Path, name: str, out: Path) -> Any:
+    return (df.writeStream.format("delta").outputMode("append").option("checkpointLocation", str(chk))
+            .queryName(name).start(str(out)))
 
-        _check_stages(self.name, stages, self.stages)
-        out, chk = work_dir / "output", work_dir / "checkpoint"
-        app_id = f"latency-spark-sql-{work_dir.name}"
-        first = StageOutput(stage=1, name="counts", table=out, checkpoint=chk, kind="key_counts",
-                            normalize=key_counts_from_spark)
-        later_q, later_out, later = chain(spark, first=first, ddl=SQL_OUTPUT_DDL, work_dir=work_dir,
-                                          name=self.name, stages=stages)  # later stages pass each row on
 
-        def write(df: Any, batch_id: int) -> None:
-            (df.withColumn("batch_id", F.lit(batch_id).cast("long")).write.format("delta").mode("append")
-             .option("txnAppId", app_id).option("txnVersion", batch_id).save(str(out)))
+def floor_query(df: Any, *, out: Path, chk: Path, work_dir: Path) -> tuple[Any, dict[str, str]]:
+    """Parquet -> Delta, no state."""
+    return (_delta_sink(df, chk=chk, name="latency_floor", out=out),
+            {"sink": DELTA_SINK, "operator": "none (stateless copy)"})
 
-        q = (_input(spark, source).groupBy("key").count().writeStream.outputMode("update")
-             .foreachBatch(write).option("checkpointLocation", str(chk)).queryName("latency_spark_sql").start())
-        return SparkRun([q, *later_q], (first, *later_out), _settings(
-            spark, operator="groupBy(key).count(), output mode update",
-            sink="foreachBatch: each batch's changed (key, count) rows appended to Delta with txnAppId/txnVersion "
-                 "= batch id (exactly-once)", **later))
+
+def spark_sql_query(df: Any, *, out: Path, chk: Path, work_dir: Path) -> tuple[Any, dict[str, str]]:
+    """Spark SQL's running count per key: ``groupBy(key).count()`` in update mode into Delta by foreachBatch."""
+    from pyspark.sql import functions as F
+
+    app_id = f"latency-spark-sql-{work_dir.name}"
+
+    def write(batch: Any, batch_id: int) -> None:
+        (batch.withColumn("batch_id", F.lit(batch_id).cast("long")).write.format("delta").mode("append")
+         .option("txnAppId", app_id).option("txnVersion", batch_id).save(str(out)))
+
+    q = (df.groupBy("key").count().writeStream.outputMode("update")
+         .foreachBatch(write).option("checkpointLocation", str(chk)).queryName("latency_spark_sql").start())
+    return q, {"operator": "groupBy(key).count(), output mode update",
+               "sink": "foreachBatch: each batch's changed (key, count) rows appended to Delta with "
+                       "txnAppId/txnVersion = batch id (exactly-once)"}
 
 
 def _make_processor() -> Any:
@@ -274,26 +278,11 @@ def _make_processor() -> Any:
     return RunningCountProcessor()
 
 
-class SparkTwsEngine:
-    """transformWithStateInPandas with RocksDB."""
-
-    name = "spark_tws"
-    stages: tuple[int, ...] = (1, 3)
-
-    def start(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
-        """Start the per-record running count into a Delta sink (and the later stages: :func:`chain`)."""
-        _check_stages(self.name, stages, self.stages)
-        out, chk = work_dir / "output", work_dir / "checkpoint"
-        first = StageOutput(stage=1, name="counts", table=out, checkpoint=chk, kind="records",
-                            normalize=records_from_spark)
-        later_q, later_out, later = chain(spark, first=first, ddl=TWS_OUTPUT_DDL, work_dir=work_dir,
-                                          name=self.name, stages=stages)
-        df = (_input(spark, source).select("record_id", "key").groupBy("key")
-              .transformWithStateInPandas(statefulProcessor=_make_processor(),
-                                          outputStructType=TWS_OUTPUT_DDL,
-                                          outputMode="Append", timeMode="None"))
-        q = (df.writeStream.format("delta").outputMode("append").option("checkpointLocation", str(chk))
-             .queryName("latency_spark_tws").start(str(out)))
-        return SparkRun([q, *later_q], (first, *later_out), _settings(
-            spark, operator="transformWithStateInPandas (ValueState count per key, one row per record)",
-            sink="Delta sink (append; exactly-once by its txn per batch)", **later))
+def spark_tws_query(df: Any, *, out: Path, chk: Path, work_dir: Path) -> tuple[Any, dict[str, str]]:
+    """transformWithStateInPandas with RocksDB: the per-record running count into a Delta sink."""
+    df = (df.select("record_id", "key").groupBy("key")
+          .transformWithStateInPandas(statefulProcessor=_make_processor(), outputStructType=TWS_OUTPUT_DDL,
+                                      outputMode="Append", timeMode="None"))
+    return (_delta_sink(df, chk=chk, name="latency_spark_tws", out=out),
+            {"operator": "transformWithStateInPandas (ValueState count per key, one row per record)",
+             "sink": DELTA_SINK})

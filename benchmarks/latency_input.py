@@ -247,15 +247,6 @@ class Generator:
                 if stream is not None and not stream.closed:
                     stream.close()
 
-    def join(self, timeout_s: float | None = None) -> None:
-        """Wait for the schedule to end."""
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-        if self._proc is not None:
-            self._proc.wait(timeout=timeout_s)
-            if self._proc.returncode != 0:
-                raise RuntimeError(f"the input generator process exited with {self._proc.returncode}")
-
     def read_log(self) -> InputLog:
         """The generator's log so far."""
         return InputLog.read(self.log, self.schedule.n_files)

@@ -1,12 +1,7 @@
 """Peak memory and CPU of a whole process tree (driver, JVM, Python workers), sampled from /proc.
 
 :class:`MemorySampler` sums PSS (shared pages split between sharers, so a tree's sum is meaningful)
-over a process tree every ``interval_s`` and keeps the sample with the highest sum::
-
-    with MemorySampler() as mem:
-        engine.run(...)
-    mem.peak.pss_bytes
-"""
+over a process tree every ``interval_s`` and keeps the sample with the highest sum (``peak``)."""
 
 from __future__ import annotations
 

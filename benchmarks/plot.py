@@ -1,37 +1,56 @@
-"""Charts for the benchmark JSON files (matplotlib, Agg backend: no display needed)."""
+"""The benchmarks' figures from their JSON reports (matplotlib, Agg backend: no display needed)."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
-__all__ = ["plot_throughput"]
+__all__ = ["figure", "plot_throughput", "plot_latency", "scheduled_points", "plot_cache", "plot_commits"]
+
+COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860"]
+STAGE_STYLES = ["--", "-."]
 
 
-def plot_throughput(report: Mapping[str, Any], path: Path, *, log_scale: bool | None = None) -> Path:
-    """Bar chart of records/s per engine (the report of :func:`.throughput.run_throughput`), each bar
-    annotated with its ratio to the slowest; log scale beyond 20x, incorrect engines hatched."""
+@contextmanager
+def figure(path: Path, *, dpi: int = 120, **subplots: Any) -> Iterator[tuple[Any, Any]]:
+    """``plt.subplots(**subplots)``'s (figure, axes); on leaving, laid out, saved to ``path`` and closed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(**subplots)
+    try:
+        yield fig, axes
+        fig.tight_layout()
+        fig.savefig(path, dpi=dpi)
+    finally:
+        plt.close(fig)
+
+
+def plot_throughput(report: Mapping[str, Any], path: Path, *, log_scale: bool | None = None) -> Path:
+    """Bar chart of records/s per engine (the report of :func:`.throughput.run_throughput`), each bar
+    annotated with its ratio to the slowest; log scale beyond 20x, incorrect engines hatched."""
     engines = report["engines"]
     names = list(engines)
     rates = [float(engines[n]["records_per_s"]) for n in names]
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(names) + 2), 4.5))
-    if not names:
-        ax.text(0.5, 0.5, "no engine ran", ha="center", va="center", transform=ax.transAxes)
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
+    with figure(path, figsize=(max(5.0, 1.6 * len(names) + 2), 4.5)) as (_fig, ax):
+        if names:
+            _throughput_bars(ax, report, names, rates, log_scale)
+        else:
+            ax.text(0.5, 0.5, "no engine ran", ha="center", va="center", transform=ax.transAxes)
+    return Path(path)
+
+
+def _throughput_bars(ax: Any, report: Mapping[str, Any], names: list[str], rates: list[float],
+                     log_scale: bool | None) -> None:
+    engines = report["engines"]
     slowest = min(r for r in rates if r > 0) if any(r > 0 for r in rates) else 1.0
     if log_scale is None:
         log_scale = max(rates) / slowest > 20
-    colors = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860"]
-    bars = ax.bar(names, rates, color=[colors[i % len(colors)] for i in range(len(names))])
+    bars = ax.bar(names, rates, color=[COLORS[i % len(COLORS)] for i in range(len(names))])
     for bar, n, r in zip(bars, names, rates, strict=True):
         ok = engines[n].get("correct", False)
         if not ok:
@@ -50,7 +69,97 @@ def plot_throughput(report: Mapping[str, Any], path: Path, *, log_scale: bool | 
                  f"{machine.get('logical_cores', '?')} cores", fontsize=10)
     ax.text(0.99, 0.98, "× = ratio to the slowest engine", ha="right", va="top", fontsize=8,
             transform=ax.transAxes, color="gray")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+
+
+def scheduled_points(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The over-time points of records the schedule generated (``t`` >= 0: not the primer)."""
+    return [p for p in points if float(p["t"]) >= 0]
+
+
+def plot_latency(report: Mapping[str, Any], path: Path) -> Path:
+    """Two panels: each engine's steady-state latency CDF (log scale; earlier stages dashed), and per
+    second of arrival the median and maximum latency. Returns ``path``."""
+    with figure(path, nrows=1, ncols=2, figsize=(12, 4.8)) as (fig, (cdf, over)):
+        st = report.get("settings", {})
+        for i, (name, e) in enumerate(report["engines"].items()):
+            color = COLORS[i % len(COLORS)]
+            lat = e["latency_s"]
+            label = f"{name}: p50 {lat['p50']} s, p99 {lat['p99']} s" if lat["n"] else f"{name}: no output"
+            if not e["ok"]:
+                label += " (FAILED)"
+            q = e["stages"][-1].get("quantiles_s") or []
+            if q:
+                cdf.plot(q, [i / 100 for i in range(len(q))], color=color, label=label)
+            for stage in e["stages"][:-1]:  # several stages: each earlier stage's output, dashed thinner
+                sq, added = stage.get("quantiles_s") or [], stage.get("added_latency_s") or {}
+                if sq:
+                    cdf.plot(sq, [i / 100 for i in range(len(sq))], color=color, linewidth=0.8,
+                             linestyle=STAGE_STYLES[(stage["stage"] - 1) % len(STAGE_STYLES)],
+                             label=f"  stage {stage['stage']}: p50 {stage['latency_s']['p50']} s, added p50 "
+                                   f"{added.get('p50')} / p99 {added.get('p99')} s")
+            if len(e["stages"]) > 1:
+                added = e["stages"][-1].get("added_latency_s") or {}
+                cdf.plot([], [], color=color, label=f"  stage {e['stages'][-1]['stage']} (end to end, solid): "
+                                                    f"added p50 {added.get('p50')} / p99 {added.get('p99')} s")
+            pts = scheduled_points(e["stages"][-1].get("over_time") or [])
+            if pts:
+                cdf_t = [p["t"] for p in pts]
+                over.plot(cdf_t, [p["p50"] for p in pts], color=color, label=name)
+                over.plot(cdf_t, [p["max"] for p in pts], color=color, linestyle=":", linewidth=1)
+        cdf.set_xscale("log")
+        cdf.set_xlabel("latency, arrival to visible Delta commit (s, log)")
+        cdf.set_ylabel("share of steady-state records")
+        cdf.grid(True, which="both", alpha=0.3)
+        cdf.legend(fontsize=8, loc="lower right")
+        over.set_yscale("log")
+        over.set_xlabel("arrival, s after the schedule's start")
+        over.set_ylabel("latency (s, log): median — / max ···")
+        over.axvline(float(st.get("warmup_s", 0)), color="gray", linewidth=0.8)
+        over.text(float(st.get("warmup_s", 0)), 0.02, " warm-up ends", transform=over.get_xaxis_transform(),
+                  fontsize=8, color="gray", va="bottom")
+        over.grid(True, which="both", alpha=0.3)
+        over.legend(fontsize=8, loc="upper left")
+        m = report.get("machine", {})
+        fig.suptitle(f"latency at {float(st.get('rate', 0)):,.0f} records/s, {int(st.get('keys', 0)):,} keys, "
+                     f"{st.get('stages', 1)} stage(s), {float(st.get('seconds', 0)):g} s of input; "
+                     f"{m.get('logical_cores', '?')} cores, load {m.get('loadavg_1m_at_start', '?')} at start "
+                     f"({report.get('date', '')})", fontsize=10)
+    return Path(path)
+
+
+def plot_cache(report: Mapping[str, Any], path: Path) -> None:
+    """Hit rate per policy against the capacity (the report of :func:`.cachebench.run_cache_bench`)."""
+    with figure(path, figsize=(6.5, 4.2)) as (_fig, ax):
+        shares = [100 * r["capacity_share"] for r in report["runs"]]
+        for policy, style in (("lru", "o-"), ("window", "s-"), ("opt", "^--")):
+            ax.plot(shares, [r[policy]["hit_rate"] for r in report["runs"]], style, label=policy)
+        ax.set_xlabel("capacity (% of the keys the trace touches)")
+        ax.set_ylabel("hit rate (row reads served from memory)")
+        ax.set_title(f"row cache on the {report['size']} window-count trace ({report['lookups']:,} reads)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+
+
+def plot_commits(result: Mapping[str, Any], path: Path) -> None:
+    """commits/s and commit p99 against N, one line per store, latency and shape."""
+    series: dict[str, list[dict[str, Any]]] = {}
+    for p in result["points"]:
+        lat = "" if p["target"] == "local" else f" +{p['latency_ms']} ms"
+        label = f"{p['target']}{lat} {p['shape']}"
+        series.setdefault(label, []).append(p)
+    with figure(path, dpi=90, nrows=1, ncols=2, figsize=(12, 4.5)) as (fig, (ax1, ax2)):
+        for label, pts in sorted(series.items()):
+            pts = sorted(pts, key=lambda p: p["writers"])
+            xs = [p["writers"] for p in pts]
+            style = "-" if "computations" in label else "--"
+            ax1.plot(xs, [p["commits_per_s_store"] for p in pts], style, marker="o", label=label)
+            ax2.plot(xs, [p["commit_p99_ms"] or 0 for p in pts], style, marker="o", label=label)
+        for ax, title in ((ax1, "commits/s, one rows table"), (ax2, "commit p99 (ms)")):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("writers N")
+            ax.set_title(title)
+            ax.grid(True, alpha=0.3)
+        ax2.set_yscale("log")
+        ax1.legend(fontsize=7)
+        fig.suptitle(f"deltawheel bench commits ({result['cpus']} cores, {result['seconds']:g} s per point, "
+                     f"ZooKeeper: {result['zookeeper']})")

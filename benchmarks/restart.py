@@ -129,15 +129,3 @@ def run_from_args(args: argparse.Namespace) -> int:
     print(f"wrote {out / 'restart.json'} (load average before {result['load_avg_before'][0]:.1f}, after "
           f"{result['load_avg_after'][0]:.1f})", flush=True)
     return 0
-
-
-def main() -> int:
-    from deltawheel.benchmarks.args import add_restart_arguments
-
-    p = argparse.ArgumentParser(description=__doc__)
-    add_restart_arguments(p)
-    return run_from_args(p.parse_args())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

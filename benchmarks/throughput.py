@@ -16,22 +16,24 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import psutil
 from deltawheel.statestore.jars import DELTA_VERSION
 
-from .args import add_throughput_arguments
-from .engines import ENGINES
-from .engines_spark import SPARK_BENCH_CONF, EngineResult, ProgressFn
+from . import engine_deltawheel
+from .engines_spark import SPARK_BENCH_CONF, Engine, EngineResult, ProgressFn, SparkSqlEngine, SparkTwsEngine
 from .isolated import RunSpec, build_bench_session, run_isolated
 from .memory import MemorySampler
 from .plot import plot_throughput
 from .workload import WorkloadData, WorkloadError, WorkloadParams, ensure_workload
 
-__all__ = ["ENGINES", "WARMUP", "round_orders", "run_throughput", "format_table", "main"]
+__all__ = ["ENGINES", "WARMUP", "round_orders", "run_throughput", "format_table"]
 
 WARMUP = WorkloadParams(n=4_000, b=2_000, k=500, rate=100)
+#: the engines by name: Spark's own operators and deltawheel's write paths
+ENGINES: dict[str, Callable[[], Engine]] = {"spark_sql": SparkSqlEngine, "spark_tws": SparkTwsEngine,
+                                            **engine_deltawheel.ENGINES}
 
 
 def _machine_info(spark_version: str) -> dict[str, Any]:
@@ -108,16 +110,23 @@ def round_orders(names: Sequence[str], rounds: int, *, search_limit: int = 50_00
 _Runs = dict[str, list[tuple[EngineResult, dict[str, Any]]]]  # per engine, every round's result and facts
 
 
-def _progress_line(name: str, rnd: int, rounds: int, done_runs: int, total_runs: int, t_runs: float) -> str:
-    tag = f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
-    eta = "" if not done_runs else \
-        f", about {(time.perf_counter() - t_runs) / done_runs * (total_runs - done_runs):.0f} s left"
-    return f"engine {name}: running{tag} [run {done_runs + 1} of {total_runs}{eta}]"
-
-
-def _done_line(name: str, res: EngineResult, rnd: int, rounds: int) -> str:
-    tag = f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
-    return f"engine {name}: {res.records_per_s:,.0f} records/s, wall {res.wall_s:.2f} s, correct={res.correct}{tag}"
+def _in_rounds(names: Sequence[str], rounds: int, say: ProgressFn,
+               one: Callable[[str, int], tuple[EngineResult, dict[str, Any]]]) -> _Runs:
+    """``one(engine, round)`` -> (result, facts) for each engine in each round's order, with progress lines."""
+    runs: _Runs = {n: [] for n in names}
+    total_runs, done_runs, t_runs = len(names) * rounds, 0, time.perf_counter()
+    for rnd, order in enumerate(round_orders(names, rounds)):
+        tag = f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
+        for name in order:
+            eta = "" if not done_runs else \
+                f", about {(time.perf_counter() - t_runs) / done_runs * (total_runs - done_runs):.0f} s left"
+            say(f"engine {name}: running{tag} [run {done_runs + 1} of {total_runs}{eta}]")
+            done_runs += 1
+            res, facts = one(name, rnd)
+            runs[name].append((res, {"run": done_runs, "round": rnd + 1, **facts}))
+            say(f"engine {name}: {res.records_per_s:,.0f} records/s, wall {res.wall_s:.2f} s, "
+                f"correct={res.correct}{tag}")
+    return runs
 
 
 def _shared_runs(names: Sequence[str], rounds: int, *, data: WorkloadData, wdata: WorkloadData | None,
@@ -135,47 +144,38 @@ def _shared_runs(names: Sequence[str], rounds: int, *, data: WorkloadData, wdata
             more = {} if store_uri is None else {"store": f"{store_uri}/warmup"}
             ENGINES[name]().run(wdata, out_dir=out_dir / "warmup", spark=session, progress=None, **more)
             say(f"engine {name}: warm-up took {time.perf_counter() - t_w:.1f} s")
-    runs: _Runs = {n: [] for n in names}
-    total_runs, done_runs, t_runs = len(names) * rounds, 0, time.perf_counter()
-    for rnd, order in enumerate(round_orders(names, rounds)):
-        for name in order:
-            engine = ENGINES[name]()
-            say(_progress_line(name, rnd, rounds, done_runs, total_runs, t_runs))
-            done_runs += 1
-            with MemorySampler(interval_s=1.0) as mem:
-                more = {} if store_uri is None else {"store": f"{store_uri}/round{rnd}"}
-                res = engine.run(data, out_dir=out_dir / "engines" / f"round{rnd}", spark=session, progress=progress,
-                                 **more)
-            res = res.with_(name=name, session_start_s=session_start_s, peak_memory=mem.peak.to_dict())
-            runs[name].append((res, {"run": done_runs, "round": rnd + 1, "pid": os.getpid()}))
-            say(_done_line(name, res, rnd, rounds))
-    return runs, {"spark_version": session.version, "session_start_s": session_start_s,
-                  "checkpoint_file_manager": session.conf.get("spark.sql.streaming.checkpointFileManagerClass", None)}
+
+    def one(name: str, rnd: int) -> tuple[EngineResult, dict[str, Any]]:
+        with MemorySampler(interval_s=1.0) as mem:
+            more = {} if store_uri is None else {"store": f"{store_uri}/round{rnd}"}
+            res = ENGINES[name]().run(data, out_dir=out_dir / "engines" / f"round{rnd}", spark=session,
+                                      progress=progress, **more)
+        return res.with_(name=name, session_start_s=session_start_s, peak_memory=mem.peak.to_dict()), \
+            {"pid": os.getpid()}
+
+    return _in_rounds(names, rounds, say, one), {
+        "spark_version": session.version, "session_start_s": session_start_s,
+        "checkpoint_file_manager": session.conf.get("spark.sql.streaming.checkpointFileManagerClass", None)}
 
 
 def _isolated_runs(names: Sequence[str], rounds: int, *, data: WorkloadData, wdata: WorkloadData | None,
                    conf: Mapping[str, str], out_dir: Path, store_uri: str | None,
                    progress: ProgressFn | None) -> tuple[_Runs, dict[str, Any]]:
     """Every (engine, round) run in a process of its own (:mod:`.isolated`), its warm-up first there."""
-    say = progress or (lambda _msg: None)
-    runs: _Runs = {n: [] for n in names}
-    total_runs, done_runs, t_runs = len(names) * rounds, 0, time.perf_counter()
     facts: dict[str, Any] = {}
-    for rnd, order in enumerate(round_orders(names, rounds)):
-        for name in order:
-            say(_progress_line(name, rnd, rounds, done_runs, total_runs, t_runs))
-            done_runs += 1
-            spec = RunSpec(engine=name, data=data, out_dir=out_dir / "engines" / f"round{rnd}", conf=conf,
-                           store=None if store_uri is None else f"{store_uri}/round{rnd}", warmup=wdata,
-                           warmup_out_dir=out_dir / "warmup" / f"round{rnd}",
-                           warmup_store=None if store_uri is None else f"{store_uri}/warmup/round{rnd}")
-            got = run_isolated(spec, work_dir=out_dir / "processes" / f"round{rnd}", progress=progress)
-            res = got.result.with_(name=name, session_start_s=got.session_start_s, peak_memory=got.peak.to_dict())
-            runs[name].append((res, {"run": done_runs, "round": rnd + 1, "pid": got.pid, "warmup_s": got.warmup_s,
-                                     "conf_applied": dict(got.conf_applied or {})}))
-            facts.setdefault("spark_version", got.spark_version)
-            facts.setdefault("checkpoint_file_manager", got.checkpoint_file_manager)
-            say(_done_line(name, res, rnd, rounds))
+
+    def one(name: str, rnd: int) -> tuple[EngineResult, dict[str, Any]]:
+        spec = RunSpec(engine=name, data=data, out_dir=out_dir / "engines" / f"round{rnd}", conf=conf,
+                       store=None if store_uri is None else f"{store_uri}/round{rnd}", warmup=wdata,
+                       warmup_out_dir=out_dir / "warmup" / f"round{rnd}",
+                       warmup_store=None if store_uri is None else f"{store_uri}/warmup/round{rnd}")
+        got = run_isolated(spec, work_dir=out_dir / "processes" / f"round{rnd}", progress=progress)
+        facts.setdefault("spark_version", got.spark_version)
+        facts.setdefault("checkpoint_file_manager", got.checkpoint_file_manager)
+        return (got.result.with_(name=name, session_start_s=got.session_start_s, peak_memory=got.peak.to_dict()),
+                {"pid": got.pid, "warmup_s": got.warmup_s, "conf_applied": dict(got.conf_applied or {})})
+
+    runs = _in_rounds(names, rounds, progress or (lambda _msg: None), one)
     starts = sorted(r.session_start_s or 0.0 for rs in runs.values() for r, _ in rs)
     facts["session_start_s"] = starts[(len(starts) - 1) // 2]
     return runs, facts
@@ -312,14 +312,3 @@ def run_from_args(args: argparse.Namespace) -> int:
                             isolate=not bool(getattr(args, "shared_session", False)),
                             conf=parse_conf(getattr(args, "conf", None) or []))
     return 0 if all(e["correct"] for e in report["engines"].values()) else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``deltawheel bench throughput`` with parsed ``args``; returns 0 if every engine was correct, else 1."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_throughput_arguments(p)
-    return run_from_args(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

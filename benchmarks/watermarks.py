@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .engine_deltawheel import _computation
+from .engine_deltawheel import pipeline_runner, window_count
 from .workload import WorkloadData, ensure_workload
 
 __all__ = ["ESTIMATES", "run_watermarks", "format_table", "run_from_args"]
@@ -35,35 +34,12 @@ def _file_max_ms(path: Path) -> int:
 
 def _run_one(spark: Any, data: WorkloadData, percentile: float | None, out_dir: Path,
              say: Callable[[str], None]) -> dict[str, Any]:
-    from deltawheel.executor.drivers.pipeline import Pipeline
-    from deltawheel.executor.drivers.runner import PipelineRunner
-    from deltawheel.executor.sources.parquet import ParquetInjector
-    from deltawheel.statestore.config import ZkConfig
-    from deltawheel.statestore.layout import StoreLayout
-    from deltawheel.statestore.process import free_ports
-
-    from deltawheel import migrations
-    from deltawheel.servers.zookeeper import EmbeddedZooKeeper
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    local = tempfile.mkdtemp(prefix="store-", dir=out_dir)
-    layout = StoreLayout(local)
-    zk = EmbeddedZooKeeper(Path(local) / "_zk", port=free_ports(1)[0])
-    zk.start()
-    try:
-        migrations.apply(spark, layout, dry_run=False)
-        inj = ParquetInjector("events", str(data.input_dir), key_column="key", event_time_column="event_time",
-                              value_columns=[], record_id_column="record_id", max_files_per_trigger=1,
-                              watermark_delay_ms=BOUND_MS, watermark_percentile=percentile)
-        runner = PipelineRunner(spark, layout, Pipeline("wmbench", (inj,), (_computation(),)),
-                                zk=ZkConfig(hosts=zk.hosts, chroot="/wmbench"), end_of_input=False,
-                                progress=lambda _s: None)
+    with pipeline_runner(spark, data, window_count(), out_dir, pipeline="wmbench", watermark_percentile=percentile,
+                         progress=lambda _s: None) as (layout, runner):
         t0 = time.monotonic()
         summary = runner.run()
         wall = time.monotonic() - t0
         rows = spark.read.format("delta").load(layout.stream("windows")).count()
-    finally:
-        zk.stop()
     reports = [r for r in summary.reports["window_count"] if r.records_in]
     # the files in the order the query read them (modification time, then name: one per batch)
     files = sorted(data.files, key=lambda p: (p.stat().st_mtime_ns, p.name))

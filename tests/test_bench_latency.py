@@ -84,7 +84,7 @@ def test_key_count_checks_follow_each_batch_increment() -> None:
 
 
 def test_a_failed_check_is_printed_loudly() -> None:
-    from deltawheel.benchmarks.latency_report import format_table
+    from deltawheel.benchmarks.latency_measure import format_table
 
     lat = {"n": 10, "p50": 1.0, "p95": 1.0, "p99": 1.0, "max": 1.0}
     common = {"latency_s": lat, "throughput": {"input_records_per_s": 10.0, "output_records_per_s": 10.0},
@@ -165,7 +165,7 @@ def test_key_count_checks_take_each_records_batch() -> None:
 def test_the_figure_leaves_out_the_primer_records_written_before_the_schedule(tmp_path: Path) -> None:
     """The primer file goes in before the schedule starts (t < 0): the latency-over-time panel
     starts at the schedule's start, not at the primer's lead time."""
-    from deltawheel.benchmarks.latency_plot import plot_latency, scheduled_points
+    from deltawheel.benchmarks.plot import plot_latency, scheduled_points
 
     points = [{"t": -80.0, "p50": 3.0, "max": 4.0}, {"t": 0.0, "p50": 0.5, "max": 0.9},
               {"t": 1.0, "p50": 0.4, "max": 0.7}]

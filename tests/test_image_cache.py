@@ -132,9 +132,10 @@ def test_bench_cache_replays_the_batch_paths_recorded_trace(spark, tmp_path, mon
     import os
     import random
 
-    from deltawheel.benchmarks.cachebench import main
     from deltawheel.executor.tasks.image import cache
     from test_vectorised import WindowSum, _batches, _run_image
+
+    from deltawheel.cli import main
 
     folder = tmp_path / "trace"
     folder.mkdir()
@@ -146,7 +147,8 @@ def test_bench_cache_replays_the_batch_paths_recorded_trace(spark, tmp_path, mon
     gets = [e for e in events if e["op"] == "get"]
     assert len(gets) == 2 * 8 and {e["iv"] for e in gets} == {0, 1}
     assert sum(e["hit"] for e in gets) == 2 * 7  # the worker held each image it wrote the batch before
-    assert main(["--trace", str(folder), "--out", str(tmp_path / "out"), "--capacities", "0.5,1"]) == 0
+    assert main(["bench", "cache", "--trace", str(folder), "--out", str(tmp_path / "out"),
+                 "--capacities", "0.5,1"]) == 0
     report = json.loads((tmp_path / "out" / "cache_trace.json").read_text())
     full = report["runs"][1]
     # at the peak of live bytes the window-aware cache keeps every current image (an interval's
@@ -156,5 +158,6 @@ def test_bench_cache_replays_the_batch_paths_recorded_trace(spark, tmp_path, mon
     half = report["runs"][0]
     assert half["opt"]["hit_rate"] >= max(half["window"]["hit_rate"], half["lru"]["hit_rate"])
     assert "image lookups" in capsys.readouterr().out
-    with pytest.raises(ConfigError, match="no image cache trace"):
-        main(["--trace", str(tmp_path / "out"), "--out", str(tmp_path / "out2")])
+    assert main(["bench", "cache", "--trace", str(tmp_path / "out"), "--out", str(tmp_path / "out2")]) \
+        == ConfigError.exit_code
+    assert "ConfigError: " in (err := capsys.readouterr().err) and "no image cache trace" in err

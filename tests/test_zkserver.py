@@ -181,9 +181,10 @@ def test_a_jars_folder_laid_out_otherwise_goes_on_the_classpath_whole(tmp_path: 
 def test_a_kafka_broker_or_spark_cluster_without_java_says_so_with_its_own_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each server reports a missing ``java`` as its own failure (exit 8, not ZooKeeper's 4)."""
+    from deltawheel.statestore.exceptions import ClusterError, KafkaServerError
+
     from deltawheel.servers.cluster import SparkStandalone
     from deltawheel.servers.kafka import KafkaBroker
-    from deltawheel.statestore.exceptions import ClusterError, KafkaServerError
 
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")

@@ -9,11 +9,11 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
-from .engines_spark import EngineResult, ProgressFn, build_result
+from .engines_spark import Engine, EngineResult, ProgressFn, SparkSqlEngine, SparkTwsEngine, build_result
 from .memory import measured_run_ended
 from .workload import WorkloadData
 
@@ -279,6 +279,8 @@ class DeltaWheelColumnarEngine(DeltaWheelEngine):
     columnar = True
 
 
-ENGINES = {"deltawheel": DeltaWheelEngine, "deltawheel_merge": DeltaWheelMergeEngine,
-           "deltawheel_jvm_read": DeltaWheelJvmReadEngine, "deltawheel_vector": DeltaWheelVectorEngine,
-           "deltawheel_columnar": DeltaWheelColumnarEngine}
+#: the throughput benchmark's engines by name: Spark's own operators and deltawheel's write paths
+ENGINES: dict[str, Callable[[], Engine]] = {
+    "spark_sql": SparkSqlEngine, "spark_tws": SparkTwsEngine, "deltawheel": DeltaWheelEngine,
+    "deltawheel_merge": DeltaWheelMergeEngine, "deltawheel_jvm_read": DeltaWheelJvmReadEngine,
+    "deltawheel_vector": DeltaWheelVectorEngine, "deltawheel_columnar": DeltaWheelColumnarEngine}

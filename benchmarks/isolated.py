@@ -172,7 +172,7 @@ def run_isolated(spec: RunSpec, *, work_dir: Path, progress: ProgressFn | None =
 
 def child_main(spec_path: str, to_parent_fd: int, from_parent_fd: int) -> int:
     """The child's side of the protocol (module docstring): ``python -m deltawheel.benchmarks.isolated`` runs it."""
-    from .throughput import ENGINES
+    from .engine_deltawheel import ENGINES
 
     spec, result_path = pickle.loads(Path(spec_path).read_bytes())
     assert isinstance(spec, RunSpec)

@@ -22,7 +22,7 @@ import psutil
 from deltawheel.statestore.jars import DELTA_VERSION
 
 from . import engine_deltawheel
-from .engines_spark import SPARK_BENCH_CONF, Engine, EngineResult, ProgressFn, SparkSqlEngine, SparkTwsEngine
+from .engines_spark import SPARK_BENCH_CONF, EngineResult, ProgressFn
 from .isolated import RunSpec, build_bench_session, run_isolated
 from .memory import MemorySampler
 from .plot import plot_throughput
@@ -31,9 +31,7 @@ from .workload import WorkloadData, WorkloadError, WorkloadParams, ensure_worklo
 __all__ = ["ENGINES", "WARMUP", "round_orders", "run_throughput", "format_table"]
 
 WARMUP = WorkloadParams(n=4_000, b=2_000, k=500, rate=100)
-#: the engines by name: Spark's own operators and deltawheel's write paths
-ENGINES: dict[str, Callable[[], Engine]] = {"spark_sql": SparkSqlEngine, "spark_tws": SparkTwsEngine,
-                                            **engine_deltawheel.ENGINES}
+ENGINES = engine_deltawheel.ENGINES
 
 
 def _machine_info(spark_version: str) -> dict[str, Any]:

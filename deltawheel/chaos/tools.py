@@ -7,19 +7,33 @@ only the streams say whether a tool damaged anything. What each tool does: docs/
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import threading
+from pathlib import Path
+from typing import Any, Protocol
 
 from .bank import ACCOUNTS, PIPELINE
 from .faults import PlannedFault
-
-if TYPE_CHECKING:  # the harness imports this module
-    from .harness import _Harness
 
 __all__ = ["tool_fault", "CODE", "SOURCE"]
 
 SOURCE = "deltawheel.chaos.bank:pipeline"
 CODE = {"bank": "deltawheel.chaos.bank:Bank", "ledger": "deltawheel.chaos.bank:Ledger"}
 WAIT_S = "60"  # the hand-over wait an operator gives (the tools' default)
+
+
+class _Harness(Protocol):
+    """What the tools use of the run's harness (``harness.py`` imports this module, not the reverse)."""
+
+    s: Any  # its ChaosSettings: seed, master
+    run: Any  # its ChaosRun: the phases' times
+    data: Path
+    logs: Path
+    store_url: str
+    stopping: threading.Event
+
+    def tool(self, name: str, *args: str) -> int: ...
+
+    def zk_args(self) -> list[str]: ...
 
 
 def _last_line(h: _Harness, name: str) -> str:

@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in ("demo", "run", "quickstart", "status", "servers", "cluster", "migrate",
                  "sql", "history", "leases", "rebalance", "recover", "replay", "promote", "repair",
-                 "upgradestate", "reseed", "gc", "bench", "scenario", "chaos", "setup", "deploy"):  # --help order
+                 "upgradestate", "reseed", "gc", "bench", "scenario", "chaos", "deploy"):  # --help order
         importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 

@@ -6,7 +6,8 @@ schema it started on: migrating is refused while a pipeline of the store has an 
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.exceptions import StoreInUseError
 from deltawheel.statestore.layout import StoreLayout
@@ -14,7 +15,7 @@ from deltawheel.statestore.zk.binding import store_path
 from deltawheel.statestore.zk.lease_tools import list_leases
 from kazoo.exceptions import NoNodeError
 
-__all__ = ["running_pipelines", "refuse_while_running"]
+__all__ = ["running_pipelines", "refuse_while_running", "refuse_while_running_on"]
 
 
 def running_pipelines(client: Any, *, rows_table_id: str) -> dict[str, list[str]]:
@@ -57,3 +58,21 @@ def refuse_while_running(client: Any, layout: StoreLayout, *, rows_table_id: str
         f"every batch committed or not at all), run 'deltawheel migrate --store {layout.root} --apply', then "
         "start it again with this deltawheel: it resumes from its last commit. A killed job's leases go with "
         "its ZooKeeper session: wait for the session timeout, or `deltawheel leases break`")
+
+
+def refuse_while_running_on(spark: Any, layout: StoreLayout, zookeeper: Callable[[], AbstractContextManager[Any]]) -> None:
+    """:func:`refuse_while_running` for ``layout``'s pending migrations, as the pipelines' ZooKeeper
+    (a kazoo client ``zookeeper()`` opens, only when a migration is pending on an existing rows table)
+    shows.
+
+    Raises:
+        StoreInUseError: a pipeline of the store runs.
+    """
+    import deltawheel.migrations as migrations
+
+    pending = migrations.plan(spark, layout)
+    table_id = migrations.rows_table_id(spark, layout) if pending else None
+    if table_id is None:
+        return
+    with zookeeper() as client:
+        refuse_while_running(client, layout, rows_table_id=table_id, pending=pending)

@@ -216,10 +216,10 @@ def test_rebalance_with_store_reaches_the_stores_own_server(stores) -> None:  # 
 
 
 def test_zk_start_without_port_skips_a_taken_default(zk_server, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.cli import zk as zk_cli
+    from deltawheel.servers import zookeeper as zkmod
 
-    monkeypatch.setattr(zk_cli, "DEFAULT_ZK_PORT", zk_server.port)  # "2181" is another program's ZooKeeper
-    port = zk_cli._default_port(str(tmp_path / "fresh"), "127.0.0.1")
+    monkeypatch.setattr(zkmod, "DEFAULT_ZK_PORT", zk_server.port)  # "2181" is another program's ZooKeeper
+    port = zkmod.default_port(str(tmp_path / "fresh"), "127.0.0.1")
     assert port != zk_server.port and port > 0
 
 

@@ -75,8 +75,7 @@ def test_history_of_an_s3a_store_is_the_local_one(copied, object_store, capsys, 
 
 def test_history_of_an_s3a_store_says_what_is_wrong(copied, object_store, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.statestore.exceptions import BucketMissingError, ObjectStoreAuthError, ObjectStoreError
-
-    from deltawheel.cli.history import _store_error
+    from deltawheel.statestore.objectstore.errors import pyarrow_error
 
     _local, remote = copied
     _env(monkeypatch, object_store.endpoint)
@@ -91,11 +90,11 @@ def test_history_of_an_s3a_store_says_what_is_wrong(copied, object_store, capsys
     rc, _out, err = _history(capsys, remote, "b")
     assert rc == 5 and "ObjectStoreUnreachableError: no object store answers for" in err, err
     with pytest.raises(BucketMissingError, match="bucket 'b' of s3a://b/s does not exist"):
-        raise _store_error(OSError("AWS Error NO_SUCH_BUCKET during ListObjectsV2"), "s3a://b/s")
+        raise pyarrow_error(OSError("AWS Error NO_SUCH_BUCKET during ListObjectsV2"), "s3a://b/s")
     with pytest.raises(ObjectStoreAuthError, match="refused the credentials for s3a://b/s"):
-        raise _store_error(OSError("AWS Error ACCESS_DENIED during ListObjectsV2"), "s3a://b/s")
+        raise pyarrow_error(OSError("AWS Error ACCESS_DENIED during ListObjectsV2"), "s3a://b/s")
     with pytest.raises(ObjectStoreError, match="reading s3a://b/s failed: AWS Error SLOW_DOWN"):
-        raise _store_error(OSError("AWS Error SLOW_DOWN"), "s3a://b/s")
+        raise pyarrow_error(OSError("AWS Error SLOW_DOWN"), "s3a://b/s")
 
 
 @pytest.mark.slow  # the batches committed to the object store, and a Spark read of the state_history view

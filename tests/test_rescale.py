@@ -254,10 +254,16 @@ def test_an_upstream_computations_watermark_is_capped_at_its_value_before_the_qu
 @pytest.mark.zk
 def test_members_split_the_intervals_and_a_move_request_overrides_it(zk_config: Any, capsys: Any) -> None:
     from deltawheel.statestore.zk.client import connect
-    from deltawheel.statestore.zk.members import Membership, assign, live_members, read_move, target
+    from deltawheel.statestore.zk.members import (
+        Membership,
+        assign,
+        live_members,
+        parse_assign,
+        read_move,
+        target,
+    )
 
     from deltawheel.cli import main
-    from deltawheel.cli.rebalance import parse_assign
 
     assert assign(["b", "a"], 5) == {"a": (0, 1, 2), "b": (3, 4)}
     assert assign(["a", "b", "c"], 2) == {"a": (0,), "b": (1,), "c": ()}

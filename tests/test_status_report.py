@@ -184,9 +184,8 @@ def _status_and_scan(spark: Any, layout: Any, zk_config: Any) -> tuple[str, int,
     productions still checkpointed, and how many of them are not in their stream."""
     from deltawheel.executor.drivers.recover import scan
     from deltawheel.executor.drivers.status import gather
+    from deltawheel.executor.drivers.statustext import render
     from deltawheel.statestore.zk.client import connect
-
-    from deltawheel.cli.statustext import render
 
     client = connect(zk_config)
     try:
@@ -360,7 +359,7 @@ class _Cdp:
 
 
 def test_report_page_loads_in_headless_chromium_with_every_plot(finished, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.cli.report import PLOTS
+    from deltawheel.executor.drivers.report import PLOTS
 
     binary = _chromium()
     if binary is None:

@@ -32,9 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show Spark's and ZooKeeper's log lines (off by default); may also follow the command")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in ("demo", "run", "quickstart", "status", "report", "zk", "objectstore", "cluster", "migrate",
+    for name in ("demo", "run", "quickstart", "status", "servers", "cluster", "migrate",
                  "sql", "history", "leases", "rebalance", "recover", "replay", "promote", "repair",
-                 "upgradestate", "reseed", "gc", "bench", "scenario", "chaos", "setup", "deploy"):  # --help order
+                 "upgradestate", "reseed", "gc", "bench", "scenario", "chaos", "deploy"):  # --help order
         importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 

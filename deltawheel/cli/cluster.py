@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import Any
+
+from .common import plural
 
 __all__ = ["register"]
 
@@ -13,7 +16,7 @@ DEFAULT_HOSTS_DATA = os.path.join("data", "hosts")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``cluster up``, ``cluster down`` and ``cluster status``."""
+    """Add ``cluster up|down|status|exec|env|fault``."""
     cluster = subparsers.add_parser(
         "cluster", help="run a local Spark standalone cluster (master + 2 workers) and a 3-server ZooKeeper ensemble")
     sub = cluster.add_subparsers(dest="cluster_command", metavar="ACTION")
@@ -47,9 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             p.add_argument("--fresh", action="store_true", help="with --hosts: delete the hosts' data first "
                                                                 "(ZooKeeper's, the buckets, the logs)")
         p.set_defaults(func=lambda args, f=funcs: f[args.hosts](args))  # with --hosts: the test bed's
-    from .clusterfault import register_fault
-
-    register_fault(sub, DEFAULT_HOSTS_DATA)
+    _register_fault(sub, DEFAULT_HOSTS_DATA)
 
 
 def _data(args: argparse.Namespace) -> str:
@@ -98,7 +99,7 @@ def _hosts_down(args: argparse.Namespace) -> int:
     from ..servers.hosts import HostsCluster
 
     n, left = HostsCluster(_data(args)).down()
-    print(f"stopped {n} process{'es' if n != 1 else ''}; namespaces, veths and the bridge deleted")
+    print(f"stopped {plural(n, 'process', 'processes')}; namespaces, veths and the bridge deleted")
     if left:
         print("STILL THERE: " + "; ".join(left))
         return 1
@@ -146,7 +147,7 @@ def _down(args: argparse.Namespace) -> int:
         print(f"no cluster in {cluster.data_dir}")
         return 0
     n = cluster.down()
-    print(f"stopped {n} process{'es' if n != 1 else ''} of the cluster in {cluster.data_dir}" if n
+    print(f"stopped {plural(n, 'process', 'processes')} of the cluster in {cluster.data_dir}" if n
           else f"no process of the cluster in {cluster.data_dir} was running")
     return 0
 
@@ -194,3 +195,55 @@ def _status(args: argparse.Namespace) -> int:
             print(f"  {'worker-' + str(w.index):<9s} {pid(w.pid)}  {reg:<12s} port {w.port}  log {w.log}")
     print("healthy" if st.healthy else "NOT healthy: see the lines above")
     return 0 if st.healthy else 1
+
+
+def _register_fault(sub: Any, default_data: str) -> None:
+    """Add ``cluster fault cut|heal|kill|restart|show``: faults between the hosts of the test bed."""
+    fault = sub.add_parser("fault", help="inject a fault between hosts of the --hosts test bed: cut a host off "
+                           "(whole or from some hosts), heal it, kill it whole, start what was killed")
+    acts = fault.add_subparsers(dest="fault_command", metavar="FAULT")
+    acts.required = True
+    for name, help_text in (
+        ("cut", "cut HOST off the bridge, or with --from only from those hosts (both ways; packets vanish)"),
+        ("heal", "undo cuts of HOST: every one, or with --from only those"),
+        ("kill", "SIGKILL every process of HOST (its network namespace's)"),
+        ("restart", "start again every service of the test bed that does not run"),
+        ("show", "list the cuts in place"),
+    ):
+        p = acts.add_parser(name, help=help_text)
+        p.add_argument("--data", default=default_data,
+                       help=f"the test bed's folder (default {default_data})")
+        p.add_argument("--hosts", action="store_true", default=True, help="the --hosts test bed (the only choice)")
+        if name in ("cut", "heal", "kill"):
+            p.add_argument("host", help="s3, zk1, zk2, zk3, master, worker1, worker2 or client")
+        if name in ("cut", "heal"):
+            p.add_argument("--from", dest="peers", action="append", default=[], metavar="HOST",
+                           help="a host to cut HOST off from (repeat, or separate with commas)")
+        p.set_defaults(func=_fault)
+
+
+def _fault(args: argparse.Namespace) -> int:
+    from ..servers.hostfaults import HostFaults
+    from ..servers.hosts import HostsCluster
+
+
+    faults = HostFaults(HostsCluster(os.path.abspath(args.data)))
+    what = args.fault_command
+    peers = [p for word in getattr(args, "peers", []) for p in word.split(",") if p]
+    if what == "cut":
+        faults.cut(args.host, peers)
+        print(f"{args.host} cut off " + (f"from {', '.join(peers)}" if peers else "whole"))
+    elif what == "heal":
+        faults.heal(args.host, peers)
+        print(f"{args.host} healed" + (f" (from {', '.join(peers)})" if peers else ""))
+    elif what == "kill":
+        pids = faults.kill(args.host)
+        print(f"killed {plural(len(pids), 'process', 'processes')} on {args.host}"
+              + (f": {' '.join(map(str, pids))}" if pids else ""))
+    elif what == "restart":
+        faults.restart()
+        print("every service of the test bed runs")
+    else:
+        cuts = faults.cuts()
+        print("\n".join(str(c) for c in cuts) if cuts else "no cut in place")
+    return 0

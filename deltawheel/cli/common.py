@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -17,10 +18,11 @@ from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.session.sparkenv import SparkSettings
 from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 
-__all__ = ["add_handover_args", "handover_wait_s", "add_store_arg", "add_live_args", "add_zk_args", "add_zk_spark_args", "add_run_args", "add_max_pause_arg",
-           "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from", "layout_from",
+__all__ = ["add_handover_args", "handover_wait_s", "add_store_arg", "add_live_args", "add_zk_args", "add_zk_spark_args",
+           "add_run_args", "add_max_pause_arg", "add_log_store_zk_args", "add_spark_args", "add_pipeline_arg",
+           "add_json_arg", "add_allow_pickle_arg", "add_key_args", "zk_config_from", "spark_from", "layout_from",
            "existing_layout_from", "zookeeper_for", "add_optional_store", "zk_client", "store_zookeeper", "int_list",
-           "computation_code", "timed_say", "engine_from", "store_status", "say_running", "Progress"]
+           "computation_code", "timed_say", "engine_from", "say", "print_json", "plural", "say_running", "Progress"]
 
 
 def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -31,8 +33,30 @@ def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
 def add_live_args(p: argparse.ArgumentParser, computation: str, *, store: str = "the live store") -> None:
     """Add ``--store``, ``--pipeline`` and ``--computation`` (its help: ``computation``) of a live pipeline."""
     p.add_argument("--store", required=True, help=store)
-    p.add_argument("--pipeline", required=True, help="the pipeline's name")
+    add_pipeline_arg(p)
     p.add_argument("--computation", required=True, help=computation)
+
+
+def add_pipeline_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """Add ``--pipeline``: the pipeline's name, or (not ``required``) a filter to one pipeline."""
+    p.add_argument("--pipeline", required=required, help="the pipeline's name" if required else "only this pipeline")
+
+
+def add_json_arg(p: argparse.ArgumentParser) -> None:
+    """Add ``--json``."""
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def add_allow_pickle_arg(p: argparse.ArgumentParser) -> None:
+    """Add ``--allow-pickle``."""
+    p.add_argument("--allow-pickle", action="store_true", help="decode pickled values (runs code!)")
+
+
+def add_key_args(p: argparse.ArgumentParser) -> None:
+    """Add ``--computation`` and ``--key`` (one key's rows), and ``--allow-pickle``."""
+    p.add_argument("--computation", required=True)
+    p.add_argument("--key", required=True)
+    add_allow_pickle_arg(p)
 
 
 def add_zk_args(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:
@@ -55,7 +79,12 @@ def add_zk_args(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:
                         f"{ZkConfig.session_timeout_s:g}): a shorter outage only pauses commits, a longer one "
                         "stops the run; a killed run's leases stay held this long")
     if timeout:
-        p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+        add_zk_timeout_arg(p)
+
+
+def add_zk_timeout_arg(p: argparse.ArgumentParser) -> None:
+    """Add ``--zk-timeout``: how long a tool waits for ZooKeeper."""
+    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
 
 
 def add_zk_spark_args(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:
@@ -125,14 +154,18 @@ def _non_negative(text: str) -> float:
     return value
 
 
-def add_log_store_zk_args(p: argparse.ArgumentParser) -> None:
-    """Add ``--zk`` / ``--zk-chroot`` for a command that commits to an ``s3a://`` store but holds no lease."""
+def add_log_store_zk_args(p: argparse.ArgumentParser, *, digest: bool = False) -> None:
+    """Add ``--zk`` / ``--zk-chroot`` for a command that commits to an ``s3a://`` store but holds no lease;
+    ``digest``: also ``--zk-digest`` (the pipelines' ACLs) and ``--zk-timeout``."""
     g = p.add_argument_group("ZooKeeper (object-store stores only)")
     g.add_argument("--zk", default=os.environ.get("DELTAWHEEL_ZK"),
                    help="ZooKeeper connection string host:port[,host:port] that arbitrates commits to an "
                         "s3a:// store: the one its pipelines use (env DELTAWHEEL_ZK)")
     g.add_argument("--zk-chroot", default=os.environ.get("DELTAWHEEL_ZK_CHROOT", "/deltawheel"),
                    help="the pipelines' ZooKeeper chroot (env DELTAWHEEL_ZK_CHROOT; default /deltawheel)")
+    if digest:
+        p.add_argument("--zk-digest", default=None, help="user:password of the pipelines' ZooKeeper ACLs")
+        add_zk_timeout_arg(p)
 
 
 def add_spark_args(p: argparse.ArgumentParser) -> None:
@@ -243,12 +276,14 @@ def store_zookeeper(args: argparse.Namespace) -> Iterator[tuple[StoreLayout, ZkC
 
 
 def add_optional_store(p: argparse.ArgumentParser) -> None:
-    """Add an optional ``--store`` to a ZooKeeper-only command (its own ZooKeeper, without ``--zk``)."""
+    """Add an optional ``--store`` and the ZooKeeper options (with ``--zk-timeout``) to a
+    ZooKeeper-only command: without ``--zk``, the store's own embedded ZooKeeper."""
     add_store_arg(p, required=False)
     p.set_defaults(store=None)
     p.description = ((p.description + " ") if p.description else "") + (
         "With --store DIR and no --zk: the store's own embedded ZooKeeper (the one its commands use, "
         f"started for this command when none runs); with neither: 127.0.0.1:{DEFAULT_ZK_PORT}.")
+    add_zk_args(p, timeout=True)
 
 
 @contextlib.contextmanager
@@ -338,14 +373,19 @@ def engine_from(args: argparse.Namespace, layout: StoreLayout, pipeline: str) ->
         zookeeper.release()
 
 
-def store_status(args: argparse.Namespace) -> Any:
-    """What ``status`` and ``report`` show of ``--store`` (``drivers/status.py``)."""
-    from deltawheel.executor.drivers.status import gather
+def say(line: str) -> None:
+    """Print a progress line at once (a driver's ``progress``)."""
+    print(line, flush=True)
 
-    layout = existing_layout_from(args)
-    spark = None if layout.is_local else spark_from(args)
-    with store_zookeeper(args) as (layout, _cfg, client):
-        return gather(layout, client, pipeline=args.pipeline, spark=spark)
+
+def print_json(value: Any) -> None:
+    """Print ``value`` as indented JSON."""
+    print(json.dumps(value, indent=2, default=str))
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 process``, ``2 processes`` (``many``: the plural, default ``word + "s"``)."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
 
 
 def say_running(running: bool, pid: int | None, port: object, data_dir: str) -> int:

@@ -1,15 +1,28 @@
-"""``deltawheel submit-args`` and ``deltawheel pack-env``: what ``spark-submit`` needs (docs/deploy.md)."""
+"""``deltawheel setup`` (the jars fetched and built into the per-user cache now, not on first use),
+``deltawheel submit-args`` and ``deltawheel pack-env`` (what ``spark-submit`` needs; docs/deploy.md)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
 __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``submit-args`` and ``pack-env``."""
+    """Add ``setup``, ``submit-args`` and ``pack-env``."""
+    p = subparsers.add_parser("setup", help="fetch the Delta jars and compile the log store into the per-user cache "
+                                            "(~/.cache/deltawheel/jars, or $DELTAWHEEL_JARS_DIR)")
+    p.add_argument("--object-store", action="store_true",
+                   help="also the S3A and S3Proxy jars and the object-store log store (s3a:// stores)")
+    p.add_argument("--kafka", action="store_true",
+                   help="also Spark's Kafka connector (KafkaInjector; ~/.cache/deltawheel/kafka-jars)")
+    p.add_argument("--toxiproxy", action="store_true",
+                   help="also build Toxiproxy from its Go module into ~/.cache/deltawheel/bin (bench commits' "
+                        "network latency; needs Go)")
+    p.set_defaults(func=_setup)
     p = subparsers.add_parser("submit-args", help="print the --jars/--conf/--archives options spark-submit needs "
                                                   "for a deltawheel job")
     p.add_argument("--object-store", action="store_true", help="tables on s3a://: the S3A jars and the log store "
@@ -44,8 +57,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _submit_args(args: argparse.Namespace) -> int:
-    import os
-
     from deltawheel.executor.drivers.deploy import submit_args
     from deltawheel.statestore.objectstore.client import S3Endpoint
     from deltawheel.statestore.objectstore.s3a import endpoint_from_env
@@ -67,4 +78,24 @@ def _pack_env(args: argparse.Namespace) -> int:
                            wheel=Path(args.wheel).resolve() if args.wheel else None, extra=tuple(args.extra),
                            keep_pyspark=args.keep_pyspark)
     print(out)
+    return 0
+
+
+def _setup(args: argparse.Namespace) -> int:
+    from deltawheel.statestore.jars import default_jars_dir
+    from deltawheel.statestore.session.sparkenv import require_java, setup_jars
+
+    require_java()
+    jars = setup_jars(object_store=args.object_store)
+    print(f"deltawheel: {len(jars)} jars ready (Delta Lake and the log stores in {default_jars_dir()})",
+          file=sys.stderr)
+    if args.kafka:
+        from deltawheel.statestore.session import connectors
+
+        kafka = connectors.ensure_kafka_jars()
+        print(f"deltawheel: {len(kafka)} Kafka connector jars ready", file=sys.stderr)
+    if args.toxiproxy:
+        from deltawheel.servers.toxiproxy import ensure_toxiproxy
+
+        print(f"deltawheel: Toxiproxy ready ({ensure_toxiproxy()})", file=sys.stderr)
     return 0

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Iterator
 
 from .common import (
+    Progress,
     add_log_store_zk_args,
     add_spark_args,
     add_store_arg,
@@ -18,9 +18,6 @@ from .common import (
     spark_from,
     store_zookeeper,
 )
-
-if TYPE_CHECKING:
-    from deltawheel.gc.ranlog import RanLog
 
 __all__ = ["register"]
 
@@ -78,23 +75,18 @@ def register(sub: Any) -> None:
     p.add_argument("--lease-wait", type=_seconds, default=60.0, metavar="SECONDS",
                    help="the input_sets pass waits this long for running owners to hand their intervals over at "
                    "a batch boundary (default 60); a computation not handed over is left as it is")
-    add_log_store_zk_args(p)
-    p.add_argument("--zk-digest", default=None, help="user:password of the pipelines' ZooKeeper ACLs")
-    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    add_log_store_zk_args(p, digest=True)
     add_spark_args(p)
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     import deltawheel.migrations as migrations
-    from deltawheel.gc.background import audit_recovery
-    from deltawheel.gc.passes import run_gc
+    from deltawheel.gc.tool import gc_store
 
     layout = layout_from(args)
     spark = spark_from(args)
     migrations.check_store(spark, layout)
-    from .common import Progress
-
     bar: list[Progress] = []
 
     def progress(what: str, total: int) -> None:  # a line per pass over a table, with an ETA
@@ -102,56 +94,24 @@ def _run(args: argparse.Namespace) -> int:
             bar.append(Progress("gc", total))
         bar[0].step(what)
 
-    def ms(hours: float | None) -> int | None:
-        return None if hours is None else int(hours * 3_600_000)
+    @contextmanager
+    def zookeeper() -> Iterator[tuple[Any, Any, str]]:  # the pipelines': --zk, else a local store's own
+        with store_zookeeper(args) as (_layout, cfg, client):
+            with connected(replace(cfg, chroot="/"), args.zk_timeout) if cfg.chroot != "/" else nullcontext() as root:
+                yield client, root, cfg.chroot
 
-    from deltawheel.gc.auditmark import checked_upto, save_checked
-    from deltawheel.statestore.inspection.auditgap import audit_gap
+    def ms(hours: float | None, *, inf_keeps_all: bool = False) -> int | None:
+        return None if hours is None or (inf_keeps_all and hours == math.inf) else int(hours * 3_600_000)
 
-    # read before a log clean-up drops the commits; only those after the last gc's check
-    audit = audit_gap(spark, layout, after_version=checked_upto(layout))
-    gap = audit.rows
-    ran = None  # likewise what the commits say each interval ran (the input_sets pass)
-    if args.apply and not args.skip_zk and args.log_retention_hours is not None:
-        from deltawheel.gc.ranlog import read_ran
-
-        ran = read_ran(layout)
-    report = run_gc(spark, layout, now_ms=int(time.time() * 1000), apply=args.apply,
-                    stream_retention_ms=ms(args.stream_retention_hours),
-                    vacuum_retain_hours=args.vacuum_retain_hours, force=args.force, progress=progress,
-                    metrics_retention_ms=ms(_finite(args.metrics_retention_hours)),
-                    log_retention_ms=ms(args.log_retention_hours),
-                    keep_replay_ms=ms(args.keep_replay_hours),
-                    late_data_retention_ms=ms(_finite(args.late_data_retention_hours)),
-                    dead_letter_retention_ms=ms(_finite(args.dead_letter_retention_hours)))
-    report = replace(report, actions=audit_recovery(spark, layout, gap, apply=args.apply) + report.actions)
-    if args.apply:  # every tool commit read has its audit row now
-        save_checked(layout, audit.upto)
-    if not args.skip_zk:
-        report = replace(report, actions=report.actions + tuple(_zk_actions(args, spark, apply=args.apply, ran=ran)))
+    report = gc_store(spark, layout, apply=args.apply, zookeeper=None if args.skip_zk else zookeeper,
+                      lease_wait_s=args.lease_wait, progress=progress,
+                      stream_retention_ms=ms(args.stream_retention_hours), vacuum_retain_hours=args.vacuum_retain_hours,
+                      force=args.force, metrics_retention_ms=ms(args.metrics_retention_hours, inf_keeps_all=True),
+                      log_retention_ms=ms(args.log_retention_hours), keep_replay_ms=ms(args.keep_replay_hours),
+                      late_data_retention_ms=ms(args.late_data_retention_hours, inf_keeps_all=True),
+                      dead_letter_retention_ms=ms(args.dead_letter_retention_hours, inf_keeps_all=True))
     for line in report.lines():
         print(line)
     if not args.apply:
         print("dry run: nothing changed (add --apply)")
     return 0
-
-
-def _finite(hours: float | None) -> float | None:
-    """``inf`` hours: keep all (None)."""
-    return None if hours == float("inf") else hours
-
-
-def _zk_actions(args: argparse.Namespace, spark: Any, *, apply: bool, ran: RanLog | None = None) -> list[Any]:
-    """The ZooKeeper passes (``gc/zknodes.py``) on the pipelines' ZooKeeper: ``--zk``, else a local
-    store's own embedded server."""
-    from deltawheel.gc.inputsets import prune_input_sets
-    from deltawheel.gc.zknodes import bound_pipelines, collect_zk_nodes
-    from deltawheel.statestore.delta.txn import TableLog
-
-    with store_zookeeper(args) as (layout, cfg, client):
-        table_id = TableLog(spark, layout.rows).table_id()
-        at_root = connected(replace(cfg, chroot="/"), args.zk_timeout) if cfg.chroot != "/" else nullcontext()
-        with at_root as root:
-            sets = prune_input_sets(spark, layout, client, pipelines=bound_pipelines(client, rows_table_id=table_id),
-                                    apply=apply, wait_s=args.lease_wait, ran=ran)
-            return sets + collect_zk_nodes(client, root, rows_table_id=table_id, chroot=cfg.chroot, apply=apply)

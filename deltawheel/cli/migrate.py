@@ -34,6 +34,22 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_run)
 
 
+def _refuse_while_running(args: argparse.Namespace, spark: Any, layout: Any) -> None:
+    """Refuse to migrate a store a pipeline runs on, as ``--zk`` (else a local store's running own
+    server) shows; without either, nothing to ask."""
+    from deltawheel.migrations.live import refuse_while_running_on
+    from deltawheel.statestore.config import ZkConfig
+
+    hosts = args.zk
+    if hosts is None and layout.is_local:
+        from ..servers.embedded import StoreZooKeeper
+
+        running = StoreZooKeeper(layout).running()
+        hosts = None if running is None else running.hosts
+    if hosts is not None:
+        refuse_while_running_on(spark, layout, lambda: connected(ZkConfig(hosts=hosts, chroot=args.zk_chroot), 10.0))
+
+
 def _run(args: argparse.Namespace) -> int:
     import deltawheel.migrations as migrations
 
@@ -61,25 +77,3 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(f"dry run: nothing changed; run 'deltawheel migrate --store {layout.root} --apply'")
     return 0
-
-
-def _refuse_while_running(args: argparse.Namespace, spark: Any, layout: Any) -> None:
-    """Refuse (``StoreInUseError``) to migrate a store a pipeline runs on, as its ZooKeeper shows."""
-    import deltawheel.migrations as migrations
-    from deltawheel.migrations.live import refuse_while_running
-    from deltawheel.statestore.config import ZkConfig
-
-    pending = migrations.plan(spark, layout)
-    table_id = migrations.rows_table_id(spark, layout) if pending else None
-    if table_id is None:
-        return
-    hosts = args.zk
-    if hosts is None and layout.is_local:
-        from ..servers.embedded import StoreZooKeeper
-
-        running = StoreZooKeeper(layout).running()
-        hosts = None if running is None else running.hosts
-    if hosts is None:
-        return
-    with connected(ZkConfig(hosts=hosts, chroot=args.zk_chroot), 10.0) as client:
-        refuse_while_running(client, layout, rows_table_id=table_id, pending=pending)

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from .common import (
     add_handover_args,
+    add_json_arg,
     add_live_args,
     add_zk_spark_args,
     computation_code,
     handover_wait_s,
     int_list,
     layout_from,
+    print_json,
+    say,
     spark_from,
     store_zookeeper,
 )
@@ -39,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--no-catch-up", action="store_true",
                    help="refuse a replay behind the live input position instead of continuing it")
     p.add_argument("--plan", action="store_true", help="print what it would do, change nothing")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_json_arg(p)
     add_zk_spark_args(p, timeout=True)
     p.set_defaults(func=_run)
 
@@ -60,7 +62,7 @@ def _run(args: argparse.Namespace) -> int:
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.surgery.timeline import Timeline
 
-    timeline = Timeline(say=(lambda line: print(line, flush=True)) if args.verbose and not args.json else None)
+    timeline = Timeline(say=say if args.verbose and not args.json else None)
     with timeline.phase("the tool's start: the replay's marker, its code, Spark"):
         store = layout_from(args)
         into = layout_from(argparse.Namespace(store=args.source_folder))
@@ -83,17 +85,15 @@ def _run(args: argparse.Namespace) -> int:
     with store_zookeeper(args) as (_, cfg, client):
         shadow = None if args.zk is None else ZkConfig(hosts=cfg.hosts, chroot=shadow_chroot(cfg.chroot, into),
                                                        digest=cfg.digest, session_timeout_s=cfg.session_timeout_s)
-        say = None if args.json else (lambda line: print(line, flush=True))
         r = promote(spark, store=store, into=into, client=client, pipeline=args.pipeline, code=code,
                     injectors=injectors, shadow_zk=shadow, wait_s=handover_wait_s(args), no_wait=args.no_wait,
-                    catch_up=not args.no_catch_up, progress=say, intervals=intervals, timeline=timeline)
+                    catch_up=not args.no_catch_up, progress=None if args.json else say, intervals=intervals, timeline=timeline)
     if args.json:
-        print(json.dumps({"computation": r.computation, "intervals": list(r.intervals),
-                          "rows_written": len(r.upserted), "rows_deleted": len(r.deleted), "version": r.version,
-                          "audit_id": r.audit_id, "paused_s": timeline.pause_s(),
-                          "phases": [{"phase": p.name, "start_s": p.start_ms / 1000,
-                                      "seconds": (p.end_ms - p.start_ms) / 1000, "paused": p.paused}
-                                     for p in timeline.phases]}, indent=2))
+        print_json({"computation": r.computation, "intervals": list(r.intervals), "rows_written": len(r.upserted),
+                    "rows_deleted": len(r.deleted), "version": r.version, "audit_id": r.audit_id,
+                    "paused_s": timeline.pause_s(),
+                    "phases": [{"phase": p.name, "start_s": p.start_ms / 1000, "seconds": (p.end_ms - p.start_ms) / 1000,
+                                "paused": p.paused} for p in timeline.phases]})
     else:
         where = (f"at rows version {r.version}; audit record {r.audit_id} (deltawheel sql --store {store.root} "
                  "\"SELECT * FROM audit\")") if r.version is not None else \

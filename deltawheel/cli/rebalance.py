@@ -9,55 +9,31 @@ import argparse
 
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.zk.lease_tools import list_leases
-from deltawheel.statestore.zk.members import clear_move, live_members, read_move, request_move, target
+from deltawheel.statestore.zk.members import (
+    clear_move,
+    live_members,
+    parse_assign,
+    read_move,
+    request_move,
+    target,
+)
 
-from .common import add_optional_store, add_zk_args, zk_client
+from .common import add_optional_store, add_pipeline_arg, zk_client
 
-__all__ = ["register", "parse_assign"]
+__all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``rebalance``."""
     p = subparsers.add_parser("rebalance", help="show interval owners vs the target; request a move of intervals")
-    p.add_argument("--pipeline", required=True)
+    add_pipeline_arg(p)
     p.add_argument("--computation", help="only this computation (required with --assign / --clear)")
     p.add_argument("--assign", action="append", default=[], metavar="INSTANCE=I,J-K",
                    help="the intervals an instance should hold (repeat per instance); writes a move request")
     p.add_argument("--clear", action="store_true", help="delete the move request: back to the members' split")
     p.add_argument("--plan", action="store_true", help="print what would change, write nothing")
     add_optional_store(p)
-    add_zk_args(p, timeout=True)
     p.set_defaults(func=_rebalance)
-
-
-def parse_assign(items: list[str]) -> dict[str, tuple[int, ...]]:
-    """``["a=0,1", "b=2-4"]`` -> ``{"a": (0, 1), "b": (2, 3, 4)}``.
-
-    >>> parse_assign(["a=0,1", "b=2-4"])
-    {'a': (0, 1), 'b': (2, 3, 4)}
-
-    Raises:
-        ConfigError: an item that is not ``INSTANCE=I[,J-K...]``, or an interval named twice.
-    """
-    out: dict[str, tuple[int, ...]] = {}
-    seen: set[int] = set()
-    for item in items:
-        name, sep, spec = item.partition("=")
-        try:
-            if not sep or not name:
-                raise ValueError
-            ivs: list[int] = []
-            for part in filter(None, spec.split(",")):
-                lo, _, hi = part.partition("-")
-                ivs += range(int(lo), int(hi or lo) + 1)
-        except ValueError:
-            raise ConfigError(f"--assign {item!r}: write INSTANCE=I,J-K (e.g. a=0,1 b=2-3)") from None
-        if seen & set(ivs):
-            raise ConfigError(f"--assign: intervals {sorted(seen & set(ivs))} are given to two instances; "
-                                  "give each interval to one instance")
-        seen |= set(ivs)
-        out[name] = out.get(name, ()) + tuple(ivs)
-    return out
 
 
 def _rebalance(args: argparse.Namespace) -> int:

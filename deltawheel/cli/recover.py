@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from .common import Progress, add_store_arg, add_zk_spark_args, spark_from, store_zookeeper
+from .common import (
+    Progress,
+    add_json_arg,
+    add_pipeline_arg,
+    add_store_arg,
+    add_zk_spark_args,
+    print_json,
+    say,
+    spark_from,
+    store_zookeeper,
+)
 
 __all__ = ["register"]
 
@@ -16,13 +25,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = subparsers.add_parser(
         "recover", help="show undelivered checkpointed productions; --apply delivers them (takes the leases)")
     add_store_arg(p)
-    p.add_argument("--pipeline", required=True, help="the pipeline's name (its lease znodes)")
+    add_pipeline_arg(p)
     p.add_argument("--computation", action="append", default=None,
                    help="only this computation (repeatable; default: every one of the pipeline)")
     p.add_argument("--apply", action="store_true",
                    help="take the leases, deliver, give them back (default: print what is undelivered)")
     p.add_argument("--wait", type=float, default=0.0, help="seconds to wait for leases held by a running copy")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_json_arg(p)
     add_zk_spark_args(p, timeout=True)
     p.set_defaults(func=_run)
 
@@ -43,22 +52,22 @@ def _run(args: argparse.Namespace) -> int:
                 steps.step(f"computation {name} ({found[name]} intervals)")
             r = recover(spark, layout, client, pipeline=args.pipeline, computation=name,
                         num_intervals=found[name], wait_s=args.wait,
-                        progress=None if args.json else (lambda line: print(line, flush=True)))
+                        progress=None if args.json else say)
             results.append(r)
             if not args.json:
                 print(f"{name}: took intervals {', '.join(map(str, r.intervals))}; delivered "
                       f"{r.appended + r.merged} checkpointed productions ({r.appended} appended as their "
                       f"commit's delivery, {r.merged} insert-if-absent); leases given back")
         if args.json:
-            print(json.dumps([{"computation": r.computation, "intervals": list(r.intervals),
-                               "sequencers": {str(k): v for k, v in r.sequencers.items()},
-                               "appended": r.appended, "merged": r.merged} for r in results], indent=2))
+            print_json([{"computation": r.computation, "intervals": list(r.intervals),
+                         "sequencers": {str(k): v for k, v in r.sequencers.items()},
+                         "appended": r.appended, "merged": r.merged} for r in results])
         return 0
 
 
 def _show(rows: list[Any], *, as_json: bool) -> int:
     if as_json:
-        print(json.dumps([r.to_dict() for r in rows], indent=2))
+        print_json([r.to_dict() for r in rows])
         return 0
     print(f"{'COMPUTATION':<20} {'INTERVAL':>8}  {'OWNER':<16} {'STREAM':<20} {'CHECKPOINTED':>12} {'UNDELIVERED':>11}")
     todo = 0

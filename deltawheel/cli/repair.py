@@ -11,6 +11,8 @@ from .common import (
     add_zk_spark_args,
     handover_wait_s,
     layout_from,
+    plural,
+    say,
     spark_from,
     store_zookeeper,
 )
@@ -67,14 +69,13 @@ def _run(args: argparse.Namespace) -> int:
         if args.plan:
             plan = plan_repair(spark, store, client, pipeline=args.pipeline, computation=args.computation,
                                statement=args.statement, codec=args.codec)
-            n = len(plan.upserted)
-            print(f"repair of {args.computation} would write {n} {'key' if n == 1 else 'keys'} and delete "
+            print(f"repair of {args.computation} would write {plural(len(plan.upserted), 'key')} and delete "
                   f"{len(plan.deleted)} (nothing changed):")
             _show(plan)
             return 0
         r = repair(spark, store, client, pipeline=args.pipeline, computation=args.computation,
                    statement=args.statement, wait_s=handover_wait_s(args), no_wait=args.no_wait, codec=args.codec,
-                   progress=lambda line: print(line, flush=True))
+                   progress=say)
     if not r.rows_changed:
         print(f"the statement changes no key of {args.computation}; nothing was written")
         return 0

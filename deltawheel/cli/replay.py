@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 from typing import Any
 
 from .common import (
@@ -15,6 +14,7 @@ from .common import (
     computation_code,
     int_list,
     layout_from,
+    say,
     spark_from,
 )
 
@@ -80,14 +80,6 @@ def _timestamp_ms(text: str) -> int:
     return int(t.timestamp() * 1000)
 
 
-def _source_spec(spec: str | None) -> str | None:
-    """``--source`` as the marker records it for ``promote``: a ``.py`` file by its absolute path."""
-    if spec is None:
-        return None
-    module, sep, name = spec.partition(":")
-    return f"{os.path.abspath(module)}{sep}{name}" if module.endswith(".py") else spec
-
-
 def _run_replay(args: argparse.Namespace) -> int:
     from deltawheel.executor.drivers.replay import plan_replay, replay, replay_scope, shadow_chroot
     from deltawheel.statestore.config import ZkConfig
@@ -127,8 +119,8 @@ def _run_replay(args: argparse.Namespace) -> int:
     zk = None if args.zk is None else ZkConfig(hosts=args.zk, chroot=shadow_chroot(args.zk_chroot, into),
                                                digest=args.zk_digest, session_timeout_s=args.zk_session_timeout)
     result = replay(spark, plan, code=code, zk=zk, write_path=args.write_path,
-                    injectors=() if source is None else source.injectors, progress=lambda line: print(line, flush=True),
-                    source=_source_spec(args.source), code_spec=args.code)
+                    injectors=() if source is None else source.injectors, progress=say,
+                    source=args.source, code_spec=args.code)
     assert result.diff is not None
     _show_diff(args, result.diff)
     return 0

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from .common import add_store_arg, add_zk_spark_args, spark_from, store_zookeeper
+from .common import (
+    add_json_arg,
+    add_pipeline_arg,
+    add_store_arg,
+    add_zk_spark_args,
+    print_json,
+    spark_from,
+    store_zookeeper,
+)
 
 __all__ = ["injector_line", "register"]
 
@@ -17,9 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                        "injector watermarks the store's commits record (dry run unless --apply); stop the pipeline "
                        "first")
     add_store_arg(p)
-    p.add_argument("--pipeline", required=True, help="the pipeline's name")
+    add_pipeline_arg(p)
     p.add_argument("--apply", action="store_true", help="change ZooKeeper (default: print what would change)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_json_arg(p)
     add_zk_spark_args(p, timeout=True)
     p.set_defaults(func=_run)
 
@@ -47,9 +54,8 @@ def _run(args: argparse.Namespace) -> int:
         plan = plan_reseed(spark, layout, client, pipeline=args.pipeline, injectors=recorded, sequencers=held)
         after = apply_reseed(spark, layout, client, plan, acls=digest_acls(cfg)) if args.apply else None
     if args.json:
-        print(json.dumps({**plan.to_dict(), "applied": bool(args.apply),
-                          "zookeeper_next_after": None if after is None else
-                          {c: {str(i): s for i, s in per.items()} for c, per in after.items()}}, indent=2))
+        print_json({**plan.to_dict(), "applied": bool(args.apply), "zookeeper_next_after": None if after is None else
+                    {c: {str(i): s for i, s in per.items()} for c, per in after.items()}})
         return 0
     print(f"pipeline {plan.pipeline}, store {plan.root}: binding {'present' if plan.bound else 'MISSING'} in ZooKeeper")
     for comp, per in sorted(plan.store.items()):

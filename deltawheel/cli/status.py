@@ -1,32 +1,66 @@
-"""``deltawheel status``: how a store's pipelines are doing, as text or JSON in the terminal
-(what it shows: ``executor/drivers/status.py``)."""
+"""``deltawheel status`` (text or JSON in the terminal) and ``deltawheel report`` (an HTML page of
+plots): how a store's pipelines are doing (``executor/drivers/status.py``)."""
 
 from __future__ import annotations
 
 import argparse
-import json
+from typing import Any
 
-from .common import add_store_arg, add_zk_args, store_status
-from .statustext import render
+from .common import (
+    add_json_arg,
+    add_pipeline_arg,
+    add_store_arg,
+    add_zk_args,
+    existing_layout_from,
+    print_json,
+    spark_from,
+    store_zookeeper,
+)
 
 __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``status``."""
+    """Add ``status`` and ``report``."""
     p = subparsers.add_parser("status", help="owners, watermarks and lag, last batches, dead letters per computation")
     add_store_arg(p)
-    p.add_argument("--pipeline", help="only this pipeline")
+    add_pipeline_arg(p, required=False)
     p.add_argument("--batches", type=int, default=3, metavar="N", help="last batches shown per computation (default 3)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_json_arg(p)
     add_zk_args(p, timeout=True)
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_status)
+    p = subparsers.add_parser("report", help="write a self-contained HTML page with plots of the store's pipelines")
+    add_store_arg(p)
+    p.add_argument("--out", required=True, help="the HTML file to write")
+    add_pipeline_arg(p, required=False)
+    add_zk_args(p, timeout=True)
+    p.set_defaults(func=_report)
 
 
-def _run(args: argparse.Namespace) -> int:
-    st = store_status(args)
+def _gather(args: argparse.Namespace) -> Any:
+    from deltawheel.executor.drivers.status import gather
+
+    layout = existing_layout_from(args)
+    spark = None if layout.is_local else spark_from(args)
+    with store_zookeeper(args) as (layout, _cfg, client):
+        return gather(layout, client, pipeline=args.pipeline, spark=spark)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from deltawheel.executor.drivers.statustext import render
+
+    st = _gather(args)
     if args.json:
-        print(json.dumps(st.__dict__, indent=2, default=str))
+        print_json(st.__dict__)
     else:
         print(render(st, batches=args.batches))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from deltawheel.executor.drivers.report import write_report
+
+    st = _gather(args)
+    path = write_report(st, args.out)
+    print(f"wrote {path} ({len(st.batches)} batches, {len(st.computations())} computations)")
     return 0

@@ -15,6 +15,7 @@ from .common import (
     computation_code,
     handover_wait_s,
     layout_from,
+    say,
     spark_from,
     store_zookeeper,
 )
@@ -70,7 +71,7 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"  {key!r}: version {version} {_text(old)} -> {_text(new)}")
             return 0
         r = upgrade_all(spark, layout, client, pipeline=args.pipeline, code=code, wait_s=handover_wait_s(args),
-                        no_wait=args.no_wait, source=args.code or "", progress=lambda line: print(line, flush=True))
+                        no_wait=args.no_wait, source=args.code or "", progress=say)
     if not r.rows_changed:
         print(f"every row of {args.computation} is of state_version {code.state_version} already; nothing was written")
         return 0

@@ -52,6 +52,15 @@ class S3ProxyServer(Server):
         self.config_file = self.data_dir / "s3proxy.conf"
         self.blobs_dir = self.data_dir / "blobs"  # the filesystem backend: a sub-folder per bucket
 
+    @classmethod
+    def of_data(cls, data_dir: Path | str, *, port: int | None = None, host: str = "127.0.0.1") -> S3ProxyServer:
+        """The server of ``data_dir`` on ``port``, else on its earlier start's port (so stop and status
+        find it), else on :data:`DEFAULT_OBJECTSTORE_PORT`."""
+        if port is None:
+            endpoint = read_properties(Path(data_dir) / "s3proxy.conf").get("s3proxy.endpoint")
+            port = int(endpoint.rsplit(":", 1)[1]) if endpoint else DEFAULT_OBJECTSTORE_PORT
+        return cls(data_dir, port=port, host=host)
+
     @property
     def endpoint(self) -> S3Endpoint:
         """URL and credentials of this server (the credential is generated at the first start)."""
@@ -78,6 +87,15 @@ class S3ProxyServer(Server):
             return False
         finally:
             conn.close()
+
+    def foreign(self) -> str | None:
+        """What to say when this data folder's server does not run but something answers on its port
+        (usually the server of another data folder, whose credentials are not this folder's)."""
+        if not self.ready():
+            return None
+        return (f"port {self.port} is answered by another process: not the server of {self.data_dir} (another "
+                "data folder's, whose credentials are not this folder's?); pass the --data folder it was started "
+                "with, or --port to start this one beside it")
 
     def status(self) -> ObjectStoreStatus:
         """Whether the server of this data folder runs and answers on its port."""

@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from deltawheel.statestore.config import DEFAULT_ZK_PORT
 from deltawheel.statestore.exceptions import ZooKeeperServerError
-from deltawheel.statestore.process import find_java
+from deltawheel.statestore.process import find_java, free_ports, port_free
 
 from .service import Server, read_properties
 
 __all__ = ["EmbeddedZooKeeper", "JVM_FLAGS", "QuorumPeer", "ZkServerStatus", "pyspark_jars_dir", "server_classpath",
-           "four_letter_word", "configured_port"]
+           "four_letter_word", "configured_port", "default_port"]
 
 _MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 _QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
@@ -117,6 +118,17 @@ def configured_port(data_dir: Path | str) -> int | None:
     """The ``clientPort`` of the last server started in ``data_dir`` (its ``zoo.cfg``), or None."""
     port = read_properties(Path(data_dir) / "zoo.cfg").get("clientPort")
     return None if port is None else int(port)
+
+
+def default_port(data_dir: Path | str, host: str) -> int:
+    """The port of an earlier start in ``data_dir`` (so stop/status find it), else 2181 unless another
+    program (e.g. another ZooKeeper) holds it, else a free port."""
+    port = configured_port(data_dir)
+    if port is not None:
+        return port
+    if port_free(host, DEFAULT_ZK_PORT) and four_letter_word(host, DEFAULT_ZK_PORT) is None:
+        return DEFAULT_ZK_PORT
+    return free_ports(1, host)[0]
 
 
 class EmbeddedZooKeeper(Server):

@@ -357,7 +357,11 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
            progress: Callable[[str], None] | None = None, diff: bool = True, source: str | None = None,
            code_spec: str | None = None) -> ReplayResult:
     """Run ``plan`` with ``code``; returns the reports and the diff. ``zk`` None: an embedded server.
-    Raises ReplayCodeError, ConfigError (an injector not given) or InputGoneError."""
+    ``source``: the live pipeline's MODULE:PIPELINE, recorded for promote (a ``.py`` file by its
+    absolute path). Raises ReplayCodeError, ConfigError (an injector not given) or InputGoneError."""
+    if source is not None and source.partition(":")[0].endswith(".py"):
+        module, sep, name = source.partition(":")
+        source = f"{os.path.abspath(module)}{sep}{name}"
     if code.name != plan.computation:
         raise ReplayCodeError(f"the replayed code is computation {code.name!r}, the plan replays {plan.computation!r}")
     store, into = StoreLayout(plan.store), StoreLayout(plan.into)

@@ -15,16 +15,18 @@ from ..delta.log import _commit_versions, damaged_entry
 from ..delta.storefs import TableFiles
 from ..delta.txn import decode_path
 from ..exceptions import (
+    ConfigError,
     KeyNeverSeenError,
     NotAStoreError,
     StoreDamagedError,
     UnknownComputationError,
     VersionNotFoundError,
 )
+from ..layout import StoreLayout
 from ..rowtable.rows import IDS_KEY_PREFIX, KeyRow, is_user_key
 from .deletionvectors import deleted_rows
 
-__all__ = ["Commit", "Change", "History", "walk_history", "key_history", "HISTORY_COLUMNS"]
+__all__ = ["Commit", "Change", "History", "walk_history", "key_history", "store_key_history", "HISTORY_COLUMNS"]
 
 _STAMPS = ("commit_id", "updated_ms", "sequencer")
 
@@ -401,6 +403,42 @@ def key_history(rows: TableFiles, *, computation: str, key: str, limit: int | No
     newest = changes[::-1]
     return History(computation, key, tuple(newest[:limit] if limit else newest), max(start, 0), versions[-1])
 
+
+
+def store_key_history(layout: StoreLayout, *, computation: str, key: str, limit: int | None = None) -> History:
+    """:func:`key_history` of ``layout``'s rows table: a local, ``file:`` or ``s3a://`` store (its
+    endpoint and keys from the environment).
+
+    Raises:
+        ConfigError: ``limit`` < 1, or a store of another scheme.
+        NotAStoreError: no rows table there.
+        BucketMissingError, ObjectStoreAuthError, ObjectStoreUnreachableError, ObjectStoreError: the
+            object store failed the read.
+    """
+    from ..objectstore.errors import check_bucket, pyarrow_error
+    from ..objectstore.s3a import files_from_env
+
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be at least 1, got {limit}; leave it out for every version")
+    files = files_from_env(layout.rows)
+    if files is None:
+        raise ConfigError(f"--store {layout.root}: history reads local folders, file: and s3a:// stores only; for "
+                          "another scheme, query the state_history view (deltawheel sql)")
+    try:
+        listed = files.listdir("_delta_log")
+    except OSError as exc:  # the object store did not answer, or refused (pyarrow's error)
+        raise pyarrow_error(exc, layout.root) from exc
+    if listed is None and not files.is_local:
+        check_bucket(files, layout.root)
+    if listed is None:
+        raise NotAStoreError(f"--store {layout.root} holds no rows table ({layout.rows}/_delta_log is missing): "
+                             "pass the folder of a store a pipeline has run on")
+    try:
+        return key_history(files, computation=computation, key=key, limit=limit)
+    except OSError as exc:
+        if files.is_local:
+            raise
+        raise pyarrow_error(exc, layout.root) from exc
 
 #: the columns of the ``state_history`` view (:mod:`.sqlviews`) before decoding
 HISTORY_COLUMNS = (

@@ -8,12 +8,13 @@ from ..exceptions import (
     BucketMissingError,
     DeltaWheelError,
     ObjectStoreAuthError,
+    ObjectStoreError,
     ObjectStoreUnreachableError,
 )
 from ..layout import StoreLayout
 from .s3a import bucket_of
 
-__all__ = ["translate", "probe_store"]
+__all__ = ["translate", "probe_store", "pyarrow_error", "check_bucket"]
 
 _UNREACHABLE = ("java.net.ConnectException", "java.net.UnknownHostException", "java.net.NoRouteToHostException",
                 "java.net.SocketTimeoutException", "org.apache.http.conn.HttpHostConnectException",
@@ -82,3 +83,46 @@ def probe_store(spark: Any, layout: StoreLayout) -> None:
         if typed is None:
             raise
         raise typed from exc
+
+
+# pyarrow's S3 errors name the AWS error kind ("AWS Error ACCESS_DENIED during ListObjectsV2 ...")
+_PA_DENIED = ("ACCESS_DENIED", "SIGNATURE_DOES_NOT_MATCH", "INVALID_ACCESS_KEY_ID", "AccessDenied")
+_PA_UNREACHABLE = ("NETWORK_CONNECTION", "Couldn't connect", "curlCode", "UNKNOWN (HTTP status 0)")
+
+
+def pyarrow_error(exc: OSError, root: str) -> DeltaWheelError:
+    """The typed error for an object store that failed a read of ``root`` (pyarrow's ``OSError``)."""
+    text = str(exc)
+    if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text:
+        return _bucket_missing(bucket_of(root) or "?", root)
+    if any(d in text for d in _PA_DENIED):
+        return ObjectStoreAuthError(
+            f"the object store refused the credentials for {root} ({text[:200]}): set $DELTAWHEEL_S3_ACCESS_KEY "
+            "and $DELTAWHEEL_S3_SECRET_KEY to the store's ('deltawheel objectstore status' prints the local "
+            "server's)")
+    if any(u in text for u in _PA_UNREACHABLE):
+        return ObjectStoreUnreachableError(
+            f"no object store answers for {root} ({text[:200]}): start it ('deltawheel objectstore start' for "
+            "the local server) or fix $DELTAWHEEL_S3_ENDPOINT")
+    return ObjectStoreError(f"reading {root} failed: {text}; check that the object store answers and "
+                            "$DELTAWHEEL_S3_ENDPOINT and its keys ('deltawheel objectstore status')")
+
+
+def _bucket_missing(bucket: str, root: str) -> BucketMissingError:
+    return BucketMissingError(f"bucket {bucket!r} of {root} does not exist on the object store; create it (for "
+                              f"the local server: 'deltawheel objectstore create-bucket {bucket}') or fix --store")
+
+
+def check_bucket(files: Any, root: str) -> None:
+    """Raise :class:`BucketMissingError` when the bucket of the ``s3a://`` store ``root`` (its
+    :class:`~..delta.storefs.TableFiles` ``files``) does not exist: S3 lists a missing bucket's
+    prefix as empty, as it lists a missing folder."""
+    from pyarrow import fs as pafs
+
+    bucket = files.root.split("/", 1)[0]
+    try:
+        missing = files.fs.get_file_info(bucket).type == pafs.FileType.NotFound
+    except OSError as exc:
+        raise pyarrow_error(exc, root) from exc
+    if missing:
+        raise _bucket_missing(bucket, root)

@@ -16,7 +16,7 @@ from ..exceptions import LeaseHeldError
 from ..layout import validate_name
 from .grants import LEASE_FORMAT_VERSION, decode_lease, grant_path, interval_path, raise_first
 
-__all__ = ["break_lease", "list_leases", "next_sequencers", "raise_sequencers"]
+__all__ = ["break_lease", "list_leases", "next_sequencers", "raise_sequencers", "pipeline_chroots"]
 
 
 def break_lease(client: KazooClient, *, pipeline: str, computation: str, interval: int,
@@ -131,3 +131,28 @@ def raise_sequencers(client: KazooClient, *, pipeline: str, computation: str, fl
                 tx.delete(f"{grants}/reseed")
             raise_first(tx.commit())
     return out
+
+
+def pipeline_chroots(root: KazooClient, chroot: str, pipeline: str | None, *, max_depth: int = 3,
+                     max_nodes: int = 500) -> list[tuple[str, list[str]]]:
+    """The chroots other than ``chroot`` holding deltawheel pipelines (only ``pipeline`` when given),
+    with their pipelines, by a walk of at most ``max_depth`` levels and ``max_nodes`` znodes from
+    ``root`` (a client without chroot)."""
+    found: list[tuple[str, list[str]]] = []
+    level, seen = [""], 0
+    for _ in range(max_depth):
+        below = []
+        for path in level:
+            for child in sorted(root.get_children(path or "/")):
+                node = f"{path}/{child}"
+                seen += 1
+                if node == "/zookeeper" or seen > max_nodes:
+                    continue
+                if child == "pipelines" and path and path != chroot:
+                    names = [n for n in sorted(root.get_children(node)) if pipeline is None or n == pipeline]
+                    if names:
+                        found.append((path, names))
+                else:
+                    below.append(node)
+        level = below
+    return found

@@ -18,11 +18,11 @@ from typing import Any, Mapping, Sequence
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from ..exceptions import CodecError
+from ..exceptions import CodecError, ConfigError
 from ..layout import validate_name
 
 __all__ = ["MEMBER_FORMAT_VERSION", "Membership", "assign", "live_members", "member_session", "request_move", "read_move",
-           "clear_move", "target"]
+           "clear_move", "target", "parse_assign"]
 
 MEMBER_FORMAT_VERSION = 1
 
@@ -157,3 +157,33 @@ class Membership:
             self.client.delete(self.path)
         except NoNodeError:
             pass
+
+
+def parse_assign(items: list[str]) -> dict[str, tuple[int, ...]]:
+    """``["a=0,1", "b=2-4"]`` -> ``{"a": (0, 1), "b": (2, 3, 4)}``.
+
+    >>> parse_assign(["a=0,1", "b=2-4"])
+    {'a': (0, 1), 'b': (2, 3, 4)}
+
+    Raises:
+        ConfigError: an item that is not ``INSTANCE=I[,J-K...]``, or an interval named twice.
+    """
+    out: dict[str, tuple[int, ...]] = {}
+    seen: set[int] = set()
+    for item in items:
+        name, sep, spec = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            ivs: list[int] = []
+            for part in filter(None, spec.split(",")):
+                lo, _, hi = part.partition("-")
+                ivs += range(int(lo), int(hi or lo) + 1)
+        except ValueError:
+            raise ConfigError(f"--assign {item!r}: write INSTANCE=I,J-K (e.g. a=0,1 b=2-3)") from None
+        if seen & set(ivs):
+            raise ConfigError(f"--assign: intervals {sorted(seen & set(ivs))} are given to two instances; "
+                                  "give each interval to one instance")
+        seen |= set(ivs)
+        out[name] = out.get(name, ()) + tuple(ivs)
+    return out

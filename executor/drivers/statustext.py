@@ -1,11 +1,11 @@
-"""A store's status (``executor/drivers/status.py``) as text for a terminal: ``deltawheel status``
-prints it, ``deltawheel report`` puts it under its plots."""
+"""A store's status (:mod:`.status`) as text for a terminal: ``deltawheel status`` prints it,
+``deltawheel report`` puts it under its plots."""
 
 from __future__ import annotations
 
 import time
 
-from deltawheel.executor.drivers.status import StoreStatus
+from .status import StoreStatus
 
 __all__ = ["render"]
 

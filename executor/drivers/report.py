@@ -1,12 +1,10 @@
-"""``deltawheel report``: one self-contained HTML page with plots of a store's pipelines.
-
-Built from :func:`~deltawheel.executor.drivers.status.gather`'s figures; the plots are matplotlib
+"""One self-contained HTML page with plots of a store's pipelines (``deltawheel report``), from
+:func:`~deltawheel.executor.drivers.status.gather`'s figures; the plots are matplotlib
 PNGs embedded as ``data:`` URIs, so the page fetches nothing, runs no script, and can be mailed or
 archived."""
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import io
@@ -18,23 +16,12 @@ from deltawheel.executor.drivers.status import StoreStatus
 from deltawheel.executor.protocol.reports import watermark_known
 from deltawheel.statestore.zk.watermarks import END_OF_TIME
 
-from .common import add_store_arg, add_zk_args, store_status
 from .statustext import render
 
-__all__ = ["register", "build_html", "write_report", "PLOTS"]
+__all__ = ["build_html", "write_report", "PLOTS"]
 
 PLOTS = ("Watermark lag per stage", "Batch duration per step", "Records per second", "State size per computation",
          "Dead letters over time")
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``report``."""
-    p = subparsers.add_parser("report", help="write a self-contained HTML page with plots of the store's pipelines")
-    add_store_arg(p)
-    p.add_argument("--out", required=True, help="the HTML file to write")
-    p.add_argument("--pipeline", help="only this pipeline")
-    add_zk_args(p, timeout=True)
-    p.set_defaults(func=_run)
 
 
 def _png(fig: Any) -> str:
@@ -195,9 +182,3 @@ def write_report(st: StoreStatus, out: str) -> str:
         f.write(build_html(st))
     return out
 
-
-def _run(args: argparse.Namespace) -> int:
-    st = store_status(args)
-    path = write_report(st, args.out)
-    print(f"wrote {path} ({len(st.batches)} batches, {len(st.computations())} computations)")
-    return 0

@@ -1,0 +1,56 @@
+"""A whole ``deltawheel gc`` run: the Delta passes (:mod:`.passes`), the audit rows of tool commits
+that lack one (:func:`.background.audit_recovery`), and the ZooKeeper passes (:mod:`.zknodes`,
+:mod:`.inputsets`)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager
+from dataclasses import replace
+from typing import Any, Callable
+
+from deltawheel.statestore.layout import StoreLayout
+
+from .passes import GcReport, run_gc
+
+__all__ = ["gc_store"]
+
+
+def gc_store(spark: Any, layout: StoreLayout, *, apply: bool,
+             zookeeper: Callable[[], AbstractContextManager[tuple[Any, Any, str]]] | None = None,
+             lease_wait_s: float = 60.0, **passes: Any) -> GcReport:
+    """Plan (default) or run every gc pass over ``layout``; ``passes``: :func:`.passes.run_gc`'s settings.
+
+    ``zookeeper``: None leaves ZooKeeper alone; else it opens the pipelines' ZooKeeper as (client in
+    the chroot, client at ``/`` or None when the chroot is ``/``, chroot) for the gone instances'
+    and finished replays' znodes and the input-file sets pruned under the intervals' leases (waiting
+    ``lease_wait_s`` for running owners to hand them over).
+
+    Raises:
+        What :func:`.passes.run_gc` raises, before anything changed.
+    """
+    from deltawheel.statestore.delta.txn import TableLog
+    from deltawheel.statestore.inspection.auditgap import audit_gap
+
+    from .auditmark import checked_upto, save_checked
+    from .background import audit_recovery
+    from .inputsets import prune_input_sets
+    from .ranlog import read_ran
+    from .zknodes import bound_pipelines, collect_zk_nodes
+
+    # read before a log clean-up drops the commits: the tool commits after the last gc's check, and
+    # what the commits say each interval ran (the input_sets pass)
+    audit = audit_gap(spark, layout, after_version=checked_upto(layout))
+    ran = read_ran(layout) if apply and zookeeper is not None and passes.get("log_retention_ms") is not None else None
+    report = run_gc(spark, layout, now_ms=int(time.time() * 1000), apply=apply, **passes)
+    report = replace(report, actions=audit_recovery(spark, layout, audit.rows, apply=apply) + report.actions)
+    if apply:  # every tool commit read has its audit row now
+        save_checked(layout, audit.upto)
+    if zookeeper is None:
+        return report
+    with zookeeper() as (client, root, chroot):
+        table_id = TableLog(spark, layout.rows).table_id()
+        sets = prune_input_sets(spark, layout, client, pipelines=bound_pipelines(client, rows_table_id=table_id),
+                                apply=apply, wait_s=lease_wait_s, ran=ran)
+        zk = sets + collect_zk_nodes(client, root, rows_table_id=table_id, chroot=chroot, apply=apply)
+    return replace(report, actions=report.actions + tuple(zk))

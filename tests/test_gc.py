@@ -246,6 +246,23 @@ def test_gc_refuses_a_negative_metrics_retention(migrated_store, capsys) -> None
     assert "must be >= 0 hours, got -1" in capsys.readouterr().err
 
 
+def test_gc_takes_inf_as_keep_all_and_as_a_bound_to_hold(spark, migrated_store, capsys) -> None:  # type: ignore[no-untyped-def]
+    """'inf' for a retention keeps everything (a dry run plans no deletion); as --keep-replay-hours it is a
+    horizon no finite retention meets: a typed refusal, not a crash."""
+    from deltawheel.gc.exceptions import ReplayHorizonError
+    from deltawheel.statestore.exceptions import exit_code
+
+    from deltawheel.cli import main
+
+    assert main(["gc", "--store", migrated_store.root, "--skip-zk", "--stream-retention-hours", "inf",
+                 "--log-retention-hours", "inf", "--late-data-retention-hours", "inf"]) == 0
+    out = capsys.readouterr().out
+    assert "stream_retention" not in out and "log files before version" not in out, out
+    assert main(["gc", "--store", migrated_store.root, "--skip-zk", "--keep-replay-hours", "inf"]) == \
+        exit_code(ReplayHorizonError("x"))
+    assert "ReplayHorizonError" in capsys.readouterr().err
+
+
 def test_a_commit_conflict_is_told_apart_from_other_failures() -> None:
     """gc's compaction plans again after Delta refused it for a concurrent commit (a batch removing
     files it read); any other failure is raised."""

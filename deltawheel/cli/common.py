@@ -164,7 +164,8 @@ def add_log_store_zk_args(p: argparse.ArgumentParser, *, digest: bool = False) -
     g.add_argument("--zk-chroot", default=os.environ.get("DELTAWHEEL_ZK_CHROOT", "/deltawheel"),
                    help="the pipelines' ZooKeeper chroot (env DELTAWHEEL_ZK_CHROOT; default /deltawheel)")
     if digest:
-        p.add_argument("--zk-digest", default=None, help="user:password of the pipelines' ZooKeeper ACLs")
+        p.add_argument("--zk-digest", default=os.environ.get("DELTAWHEEL_ZK_DIGEST"),
+                       help="user:password of the pipelines' ZooKeeper ACLs (env DELTAWHEEL_ZK_DIGEST)")
         add_zk_timeout_arg(p)
 
 

@@ -46,8 +46,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("gc", help="compact and vacuum the store's tables, apply stream retention (dry run by default)")
     add_store_arg(p)
     p.add_argument("--apply", action="store_true", help="do it (default: print the plan)")
-    p.add_argument("--stream-retention-hours", type=float, default=None,
-                   help="delete stream records older than this (event time); default: keep all")
+    p.add_argument("--stream-retention-hours", type=_hours, default=None,
+                   help="delete stream records older than this (event time); default or 'inf': keep all")
     p.add_argument("--metrics-retention-hours", type=_hours, default=720.0,
                    help="delete rows of the per-batch metrics table (_metrics/batches, what status and report "
                    "plot) recorded longer ago than this (default 720 = 30 days; 'inf' keeps all)")
@@ -64,8 +64,8 @@ def register(sub: Any) -> None:
                    "reads the store: a shorter one can delete files they still need)")
     p.add_argument("--log-retention-hours", type=_hours, default=None,
                    help="delete Delta log files (commits, checkpoints) before the newest checkpoint older than "
-                   "this, after checkpointing each table (default: Delta's own, 720 h); versions before it can "
-                   "no longer be read or replayed")
+                   "this, after checkpointing each table (default or 'inf': Delta's own, 720 h); "
+                   "versions before it can no longer be read or replayed")
     p.add_argument("--keep-replay-hours", type=_hours, default=None,
                    help="refuse (ReplayHorizonError, nothing changed) a stream, VACUUM or log retention shorter "
                    "than this: replay must stay possible from this far back")
@@ -100,16 +100,20 @@ def _run(args: argparse.Namespace) -> int:
             with connected(replace(cfg, chroot="/"), args.zk_timeout) if cfg.chroot != "/" else nullcontext() as root:
                 yield client, root, cfg.chroot
 
-    def ms(hours: float | None, *, inf_keeps_all: bool = False) -> int | None:
-        return None if hours is None or (inf_keeps_all and hours == math.inf) else int(hours * 3_600_000)
+    def ms(hours: float | None, *, inf_keeps_all: bool = True) -> int | None:
+        """Milliseconds; 'inf' keeps all (None) except where it is a bound to hold (``--keep-replay-hours``)."""
+        if hours is None or (inf_keeps_all and hours == math.inf):
+            return None
+        return int(min(hours * 3_600_000, 2**62))
 
     report = gc_store(spark, layout, apply=args.apply, zookeeper=None if args.skip_zk else zookeeper,
                       lease_wait_s=args.lease_wait, progress=progress,
                       stream_retention_ms=ms(args.stream_retention_hours), vacuum_retain_hours=args.vacuum_retain_hours,
-                      force=args.force, metrics_retention_ms=ms(args.metrics_retention_hours, inf_keeps_all=True),
-                      log_retention_ms=ms(args.log_retention_hours), keep_replay_ms=ms(args.keep_replay_hours),
-                      late_data_retention_ms=ms(args.late_data_retention_hours, inf_keeps_all=True),
-                      dead_letter_retention_ms=ms(args.dead_letter_retention_hours, inf_keeps_all=True))
+                      force=args.force, metrics_retention_ms=ms(args.metrics_retention_hours),
+                      log_retention_ms=ms(args.log_retention_hours),
+                      keep_replay_ms=ms(args.keep_replay_hours, inf_keeps_all=False),
+                      late_data_retention_ms=ms(args.late_data_retention_hours),
+                      dead_letter_retention_ms=ms(args.dead_letter_retention_hours))
     for line in report.lines():
         print(line)
     if not args.apply:

@@ -88,7 +88,7 @@ def run_quickstart(args: argparse.Namespace) -> int:
     spark = spark_from(args)
     try:
         with connect(spark, store=layout.root, zk=cfg.hosts, pipeline="quickstart", zk_chroot=cfg.chroot,
-                     zk_digest=cfg.digest) as engine:
+                     zk_digest=cfg.digest, zk_session_timeout_s=args.zk_session_timeout) as engine:
             ex = engine.executor(WordCount(), wait_s=30, progress=False)
             print(f"leases: intervals {ex.owner.intervals} with sequencers {ex.owner.sequencers}")
             batch = words_frame(spark, now_ms=int(time.time() * 1000))

@@ -57,9 +57,10 @@ __all__ = ["ENGINES", "LatencySettings", "LatencyBenchError", "run_latency", "ru
 
 ENGINES: dict[str, Callable[[LatencySettings], LatencyEngine]] = {
     "deltawheel": lambda st: DeltaWheelLatencyEngine(zk=st.zk),
-    "spark_tws": lambda _st: SparkEngine("spark_tws", spark_tws_query),
-    "spark_sql": lambda _st: SparkEngine("spark_sql", spark_sql_query, kind="key_counts", ddl=SQL_OUTPUT_DDL),
-    "floor": lambda _st: SparkEngine("floor", floor_query, output="copy", ddl=INPUT_DDL),
+    "spark_tws": lambda _st: SparkEngine(name="spark_tws", query=spark_tws_query),
+    "spark_sql": lambda _st: SparkEngine(name="spark_sql", query=spark_sql_query, kind="key_counts",
+                                         ddl=SQL_OUTPUT_DDL),
+    "floor": lambda _st: SparkEngine(name="floor", query=floor_query, output="copy", ddl=INPUT_DDL),
 }
 Say = Callable[[str], None]
 PREWARM_MAX_RATE = 1_000.0  # the pre-warm run warms code paths, not the engine's capacity

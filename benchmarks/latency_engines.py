@@ -196,7 +196,7 @@ def chain(spark: Any, *, first: StageOutput, ddl: str, work_dir: Path, name: str
     return queries, outputs, {"later_stages": LATER_STAGES} if stages > 1 else {}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SparkEngine:
     """A Spark engine: ``query(df, out=, chk=, work_dir=)`` starts its query of the input into the first
     stage's table and returns it and its settings; later stages copy that table (:func:`chain`)."""

@@ -45,7 +45,7 @@ ZK_READS_PER_S = 100_000.0  # "tens to hundreds of thousands" read-dominated (sa
 JUTE_MAXBUFFER = 0xFFFFF  # ZooKeeper's default packet limit, client and server (1 MiB - 1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Deployment:
     """The deployment and the layout and settings under test (defaults: docs/scale.md's)."""
 

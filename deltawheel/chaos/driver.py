@@ -18,7 +18,7 @@ from deltawheel.statestore.process import die_with
 __all__ = ["Driver", "PythonWorker", "python_workers"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Driver:
     """One ``deltawheel run`` of the chaos pipeline: its command, log (a ``--- start N`` line per
     start), environment and current process."""

@@ -80,7 +80,7 @@ class _Skipped(Exception):
     """A fault that cannot happen at its time (the reason)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ChaosRun:
     """What a run did: its settings, the faults as they happened, the tools' exit codes, the check."""
 
@@ -108,7 +108,7 @@ class _Harness:
         if self.s3:
             self.store = self.s3.local  # the store's files, for the checker
         self.ensemble = ZooKeeperEnsemble(self.data / "zk", size=3)
-        self.run = ChaosRun(settings)
+        self.run = ChaosRun(settings=settings)
         self.stop_input = threading.Event()
         self.stopping = threading.Event()  # set by stop(): nothing starts any more
         self.lock = threading.Lock()
@@ -190,7 +190,7 @@ class _Harness:
                            *self.zk_args(name), "--zk-session-timeout", str(self.s.session_timeout_s),
                            "--trigger", self.s.trigger, "--instance", name, "--master", self.s.master, "--wait", "600",
                            "--driver-memory", "1g")
-            self.drivers[name] = Driver(name, cmd, self.logs / f"driver-{name}.log", self.env(name))
+            self.drivers[name] = Driver(name=name, cmd=cmd, log=self.logs / f"driver-{name}.log", env=self.env(name))
 
     # --- input ------------------------------------------------------------------------------
     def write_next(self) -> None:

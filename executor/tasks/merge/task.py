@@ -76,7 +76,8 @@ def _one_key(comp: Computation, name: str, r: dict[str, Any], wms: tuple[int | N
         except CodecError as exc:
             dead.append(_dead(x, key, f"CodecError: {exc}"))
             continue
-        records.append(Record(key, value, int(x["timestamp_ms"]), x["record_id"], x["stream"] or "", bool(x["late"])))
+        records.append(Record(key=key, value=value, timestamp_ms=int(x["timestamp_ms"]), record_id=x["record_id"],
+                              stream=x["stream"] or "", late=bool(x["late"])))
     o = run_key(comp, key=key, interval=iv, row=row, records=records, input_watermark_ms=wms[0],
                 record_watermark_ms=wms[1], now_ms=now, dedup_horizon_ms=horizon)
     by_id = {x["record_id"]: x for x in recs}

@@ -225,7 +225,7 @@ class ColumnarLoop:
                     or (state is not None and state[:8] != INT64MAP_HEADER)):
                 out.add(key)
                 continue
-            self._pre[key] = LateFirst(fresh, n_late, state, timers, seq or 0, prods)
+            self._pre[key] = LateFirst(fresh=fresh, late=n_late, state=state, timers=timers, seq=seq or 0, prods=prods)
             self._late += n_late
         return out
 

@@ -107,8 +107,10 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     else:
         base = row or make_row(comp.name, key, interval, None, codec.name, (), None)
         new_row = updated_row(base, state, ctx.stored_codec(), timers, ids, pending, hold, ctx.timer_seq)
-    return KeyOutcome(new_row, changed or (row is not None and empty), prods, len(fresh), dups, fired, late,
-                      tuple(dead), tuple(fresh) if exactly_once else (), expired, int(ctx.expired))
+    return KeyOutcome(row=new_row, changed=changed or (row is not None and empty), productions=prods,
+                      processed=len(fresh), duplicates=dups, timers_fired=fired, late=late, dead_letters=tuple(dead),
+                      new_record_ids=tuple(fresh) if exactly_once else (), ids_expired=expired,
+                      keys_expired=int(ctx.expired))
 
 
 def codec_of(comp: Computation) -> Codec:

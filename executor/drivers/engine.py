@@ -23,6 +23,7 @@ from deltawheel.servers.embedded import ensure_zookeeper
 
 from ..computation import RECORD_KEY, Computation
 from ..protocol.executor import ComputationExecutor
+from ..protocol.host import BatchInputs
 from ..protocol.reports import BatchReport
 from ..sources.injector import Injector, publish_watermark
 from .continuous import ContinuousRun
@@ -169,7 +170,7 @@ class Engine:
         ex = self.executor(computation, upstream=ups, checkpoint=chk, **options)
         direct = getattr(source, "direct_source", None)  # the tasks read a Parquet injector's files themselves
         if callable(direct) and list(computation.inputs.values()) == [RECORD_KEY]:
-            ex.direct_source = direct()
+            ex.next_batch_inputs(BatchInputs(direct_source=direct()))
         failed: list[DeltaWheelError] = []
 
         def batch(frame: Any, batch_id: int) -> None:

@@ -1,20 +1,22 @@
-"""A computation's input as one streaming DataFrame tagged with a ``stream`` column. Instances
-sharing intervals read a stream table from version 0: never a compaction's files (``protocol/rescale.py``)."""
+"""A computation's input as one streaming DataFrame tagged with a ``stream`` column, for both
+runners, and what its executor is handed with it (:class:`.BatchInputs`). Instances sharing
+intervals read a stream table from version 0: never a compaction's files (``protocol/rescale.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import ensure_stream_table
 
-from ..computation import Computation
+from ..computation import RECORD_KEY, Computation
 from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS
 from ..sources.schema import union_inputs
+from ..tasks.image.direct import DirectSource, table_source
 
-__all__ = ["StageInput", "event_bounds", "stage_input"]
+__all__ = ["StageInput", "direct_source", "event_bounds", "stage_input", "upstream_caps"]
 
 
 @dataclass(frozen=True)
@@ -60,3 +62,24 @@ def event_bounds(comp: Computation, injectors: Mapping[str, Any]) -> dict[str, i
     ahead = {s: getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)
              for s in comp.inputs if s in injectors}
     return {s: b for s, b in ahead.items() if b is not None}
+
+
+def direct_source(comp: Computation, injectors: Mapping[str, Any], *, layout: StoreLayout,
+                  checkpoint: str | None) -> DirectSource | None:
+    """For one input read by the record's key: the files the image tasks may read themselves, its
+    injector's ``direct_source()`` (as of its last ``stream_df``), or with ``checkpoint`` (the
+    query's) an upstream computation's stream table; None: the JVM reads the input."""
+    if list(comp.inputs.values()) != [RECORD_KEY]:
+        return None
+    stream = next(iter(comp.inputs))
+    if stream not in injectors:
+        return None if checkpoint is None else table_source(stream, layout.stream(stream), checkpoint=checkpoint)
+    direct = getattr(injectors[stream], "direct_source", None)
+    source: DirectSource | None = direct() if callable(direct) else None
+    return source
+
+
+def upstream_caps(authority: Any, upstream: Iterable[str]) -> dict[str, int | None]:
+    """Each upstream computation's low watermark now, read before a query's snapshot of its tables."""
+    return {name: authority.advance_low_watermark(name) for kind, _, name in (u.partition(":") for u in upstream)
+            if kind == "computation"}

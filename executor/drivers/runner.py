@@ -25,14 +25,15 @@ from deltawheel.statestore.zk.members import Membership, target
 from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
-from ..computation import RECORD_KEY, Computation
+from ..computation import Computation
 from ..protocol.executor import ComputationExecutor
 from ..protocol.faults import FaultPoint
+from ..protocol.host import BatchInputs
 from ..protocol.reports import BatchReport
 from ..protocol.rescale import CATCH_UP_BATCH, shared_input
 from ..sources.injector import Injector, publish_watermark
 from ..tasks import worker as _worker
-from .inputs import event_bounds, stage_input
+from .inputs import direct_source, event_bounds, stage_input, upstream_caps
 from .pipeline import MoveTiming, Pipeline, RunSummary
 from .querystart import clear_unstarted
 from .wiring import (
@@ -354,18 +355,19 @@ class PipelineRunner:
     def _consume(self, comp: Computation, ex: ComputationExecutor) -> int:
         """One availableNow query over the computation's inputs; returns records consumed."""
         injectors = {i.name: i for i in self.pipeline.injectors}
-        if self.instance is not None and ex.authority is not None:
-            # read before the query pins its upstream snapshot: a watermark advanced after that
-            # may cover rows this query has not read
-            ex.upstream_caps = {name: ex.authority.advance_low_watermark(name)
-                                for kind, _, name in (u.partition(":") for u in ex.upstream)
-                                if kind == "computation"}
+        # instances: read before the query pins its upstream snapshot (a watermark advanced after
+        # that may cover rows this query has not read)
+        caps = upstream_caps(ex.authority, ex.upstream) if self.instance is not None and ex.authority is not None \
+            else {}
         last = self._read_upto.get(comp.name)
         if last is not None and self._input_tokens(comp) == last:
+            ex.next_batch_inputs(BatchInputs(upstream_caps=caps, direct_source=ex.inputs.direct_source))
             return 0  # every input is as it was when the last query started: it read all of it
         inp = stage_input(self.spark, self.layout, comp, injectors, shared=self.instance is not None)
-        # (shared intervals: the skip rule filters the frame, so the tasks must not read the files)
-        ex.direct_source = self._direct_source(comp) if ex.shared is None else None
+        # after its stream_df; shared intervals: the skip rule filters the frame, the tasks must not read the files
+        direct = self.direct_read and ex.shared is None
+        ex.next_batch_inputs(BatchInputs(upstream_caps=caps, direct_source=direct_source(
+            comp, injectors, layout=self.layout, checkpoint=None) if direct else None))
         before = ex.records_in_total
         chk = self._checkpoint(comp)
         tokens = self._input_tokens(comp)  # after the frames: building one may create its files
@@ -408,16 +410,6 @@ class PipelineRunner:
         if None not in tokens:
             self._read_upto[comp.name] = tokens
         return ex.records_in_total - before
-
-    def _direct_source(self, comp: Computation) -> Any | None:
-        """The injector's ``direct_source()`` when ``comp`` reads one injector by its key column
-        (after its ``stream_df``: the image tasks may read its files), else None."""
-        if not self.direct_read or len(comp.inputs) != 1:
-            return None
-        ((stream, extractor),) = comp.inputs.items()
-        inj = next((i for i in self.pipeline.injectors if i.name == stream), None)
-        direct = getattr(inj, "direct_source", None)
-        return direct() if callable(direct) and extractor == RECORD_KEY else None
 
     def _input_tokens(self, comp: Computation) -> list[Any]:
         """Per input of ``comp``: its injector's ``input_token()`` or its stream table's newest

@@ -13,6 +13,7 @@ from deltawheel.statestore.zk.members import Membership, target
 
 from ..computation import Computation
 from ..protocol.executor import ComputationExecutor
+from ..protocol.host import BatchInputs
 from ..protocol.rescale import CATCH_UP_BATCH, SharedInput, shared_input
 from .inputs import event_bounds
 from .pipeline import MoveTiming, Pipeline
@@ -63,7 +64,7 @@ class Sharing:
         return want, free
 
     def start(self, comp: Computation, checkpoint: str, *, wait_s: float,
-              caps: Mapping[str, int | None], hold: int | None) -> ComputationExecutor | None:
+              caps: Mapping[str, int | None]) -> ComputationExecutor | None:
         """The executor of ``comp`` on this instance's free share of the target (None: none free).
 
         A share another instance still holds after :data:`LOOK_AGAIN_S` is looked at again (two
@@ -82,15 +83,15 @@ class Sharing:
             left = deadline - t0
             try:
                 return self._executor(comp, checkpoint, sorted(free), wait_s=max(0.0, min(left, LOOK_AGAIN_S)),
-                                      caps=caps, hold=hold)
+                                      caps=caps)
             except LeaseHeldError as exc:
                 if left <= LOOK_AGAIN_S:
                     raise
                 self.progress(f"{comp.name}: intervals {sorted(free)} not all free ({exc}); looking at the target again")
                 time.sleep(max(0.0, t0 + LOOK_AGAIN_S - time.monotonic()))  # (a refusal that came at once)
 
-    def retake(self, comp: Computation, checkpoint: str, *, caps: Mapping[str, int | None],
-               hold: int | None) -> ComputationExecutor | None:
+    def retake(self, comp: Computation, checkpoint: str, *, caps: Mapping[str, int | None]
+               ) -> ComputationExecutor | None:
         """After a tool's hand-over: an executor of ``comp`` on the free intervals of this instance's
         share now, without waiting for the others (:meth:`rebalance` looks again); None: none free."""
         _, free = self.wanted(comp)
@@ -98,13 +99,13 @@ class Sharing:
             self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
             return None
         try:
-            return self._executor(comp, checkpoint, sorted(free), wait_s=0.0, caps=caps, hold=hold)
+            return self._executor(comp, checkpoint, sorted(free), wait_s=0.0, caps=caps)
         except LeaseHeldError as exc:  # taken meanwhile by another instance: the next rebalance looks again
             self.progress(f"{comp.name}: intervals {sorted(free)} not all free ({exc}); trying again")
             return None
 
     def rebalance(self, comp: Computation, checkpoint: str, ex: ComputationExecutor | None, *,
-                  caps: Mapping[str, int | None], hold: int | None) -> tuple[ComputationExecutor | None, bool]:
+                  caps: Mapping[str, int | None]) -> tuple[ComputationExecutor | None, bool]:
         """Between micro-batches: (the executor to go on with, whether it changed).
 
         Raises:
@@ -138,7 +139,7 @@ class Sharing:
             self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
             return None, True
         try:
-            nex = self._executor(comp, checkpoint, sorted(new), wait_s=0.0, caps=caps, hold=hold)
+            nex = self._executor(comp, checkpoint, sorted(new), wait_s=0.0, caps=caps)
         except LeaseHeldError as exc:  # taken meanwhile by another instance: look again later
             self.progress(f"{comp.name}: intervals {sorted(new)} not all free ({exc}); trying again")
             return None, True
@@ -164,8 +165,9 @@ class Sharing:
                             checkpoint=checkpoint, files_of=None if self.layout.is_local else files_resolver(self.spark))
 
     def _executor(self, comp: Computation, checkpoint: str, intervals: Sequence[int], *, wait_s: float,
-                  caps: Mapping[str, int | None], hold: int | None) -> ComputationExecutor:
-        """An executor of ``comp`` on ``intervals``, caught up on what earlier owners did not process."""
+                  caps: Mapping[str, int | None]) -> ComputationExecutor:
+        """An executor of ``comp`` on ``intervals``, caught up on what earlier owners did not process
+        (acting on ``caps``, held at them)."""
         wiring, p = self.wiring, self.pipeline
         injectors = {i.name: i for i in p.injectors}
         feeding = [injectors[s] for s in comp.inputs if s in injectors]
@@ -186,7 +188,7 @@ class Sharing:
             files = shared.missing(ex.owner.intervals)
             if files:
                 self.progress(f"{comp.name}: catching up on {len(files)} input files for intervals taken over")
-                ex.upstream_caps, ex.input_hold_ms = dict(caps), hold
+                ex.next_batch_inputs(BatchInputs(upstream_caps=dict(caps), hold="now"))
                 ex.catch_up(shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
             # caught up: a gone earlier holder no longer holds the injectors' watermarks back
             wiring.authority.record_caught_up(comp.name, owner.sequencers)

@@ -27,7 +27,7 @@ from ..protocol.host import BatchInputs
 from ..protocol.reports import BatchReport
 from ..sources.injector import Injector, publish_watermark
 from .continuous import ContinuousRun
-from .inputs import event_bounds
+from .inputs import event_bounds, query_of
 from .pipeline import Pipeline, RunSummary
 from .runner import PipelineRunner
 from .triggers import Trigger
@@ -161,7 +161,8 @@ class Engine:
         if available_now and when.interval_ms is not None:
             raise ConfigError(f"start: trigger={trigger!r} and available_now=True: an availableNow query reads what "
                               "is there now and stops; give one or the other")
-        chk = checkpoint or f"{self.layout.root}/_checkpoints/{self.pipeline}/{computation.name}"
+        default, name = query_of(self.layout, self.pipeline, computation.name)
+        chk = checkpoint or default
         ups = [upstream] if isinstance(upstream, (str, Injector)) else list(upstream)
         if isinstance(source, Injector):
             df, ups = source.stream_df(self.spark), [source, *ups]
@@ -181,7 +182,7 @@ class Engine:
                 raise
 
         writer = df.writeStream.foreachBatch(batch).option("checkpointLocation", chk) \
-            .queryName(f"dw_{self.pipeline}_{computation.name}")
+            .queryName(name)
         writer = writer.trigger(availableNow=True) if available_now else when.apply(writer)
         query = writer.start()
         self._queries.append((query, ex, failed))  # failed: the batches' typed errors, for run()

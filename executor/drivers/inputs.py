@@ -1,10 +1,9 @@
-"""A computation's input as one streaming DataFrame tagged with a ``stream`` column, for both
-runners, and what its executor is handed with it (:class:`.BatchInputs`). Instances sharing
-intervals read a stream table from version 0: never a compaction's files (``protocol/rescale.py``)."""
+"""A stage's input for both runners: one streaming DataFrame tagged with a ``stream`` column, its query and
+what its executor is handed. Instances sharing intervals read a stream table from version 0 (``rescale.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,8 +14,9 @@ from ..computation import RECORD_KEY, Computation
 from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS
 from ..sources.schema import union_inputs
 from ..tasks.image.direct import DirectSource, table_source
+from .querystart import clear_unstarted
 
-__all__ = ["StageInput", "direct_source", "event_bounds", "stage_input", "upstream_caps"]
+__all__ = ["StageInput", "direct_source", "event_bounds", "query_of", "stage_input", "upstream_caps"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,12 @@ class StageInput:
         from pyspark.sql import functions as F
 
         return [(inj, inj.stats_of(batch_df.where(F.col("stream") == inj.name))) for inj in self.per_partition]
+
+    def writer(self, batch: Callable[[Any, int], None], *, checkpoint: str, name: str) -> Any:
+        """The query's writer: ``batch`` per micro-batch, on ``checkpoint`` (a first write a stop cut
+        short cleared: it would block every start)."""
+        clear_unstarted(checkpoint)
+        return self.df.writeStream.foreachBatch(batch).option("checkpointLocation", checkpoint).queryName(name)
 
 
 def stage_input(spark: Any, layout: StoreLayout, comp: Computation, injectors: Mapping[str, Any], *,
@@ -54,6 +60,13 @@ def stage_input(spark: Any, layout: StoreLayout, comp: Computation, injectors: M
         df=union_inputs(frames),  # an injector's frame may have raw_value, a stream table's has not
         per_partition=tuple(injectors[s] for s in comp.inputs
                             if s in injectors and callable(getattr(injectors[s], "stats_of", None))))
+
+
+def query_of(layout: StoreLayout, pipeline: str, computation: str, instance: str | None = None) -> tuple[str, str]:
+    """A computation's query checkpoint (per pipeline, or per instance sharing the intervals) and name."""
+    base, name = f"{layout.root}/_checkpoints/{pipeline}/{computation}", f"dw_{pipeline}_{computation}"
+    suffix = f"_{instance}" if instance else ""
+    return (base if instance is None else f"{base}/{instance}"), name + suffix
 
 
 def event_bounds(comp: Computation, injectors: Mapping[str, Any]) -> dict[str, int]:

@@ -218,8 +218,7 @@ class ComputationExecutor:
         protocol = self._protocol
         self.wait_started()
         before = protocol.acted
-        unknown: dict[str, int | None] = {u.partition(":")[2]: None for u in self.upstream
-                                          if u.startswith("computation:")}
+        unknown = dict.fromkeys(u.partition(":")[2] for u in self.upstream if u.startswith("computation:"))
         given, self.inputs = self.inputs, dataclasses.replace(self.inputs, upstream_caps=unknown, hold="kept")
         try:
             return self.run_batch(df, batch_id, input_files=input_files,

@@ -1,5 +1,4 @@
-"""The view of :class:`~.executor.ComputationExecutor` that ``batch.py`` and ``watermarks.py`` import,
-and :class:`BatchInputs`, what a driver hands the executor for its next batches."""
+"""The executor as ``batch.py`` and ``watermarks.py`` see it, and what a driver hands it: :class:`BatchInputs`."""
 
 from __future__ import annotations
 
@@ -27,19 +26,15 @@ __all__ = ["BatchHost", "BatchInputs"]
 
 @dataclass(frozen=True, kw_only=True)
 class BatchInputs:
-    """What a driver hands the executor for its next batches (``ComputationExecutor.next_batch_inputs``).
+    """What a driver hands the executor for its next batches (``ComputationExecutor.next_batch_inputs``):
+    ``upstream_caps`` cap the input watermark; ``hold``: when the low watermark holds at them
+    (:attr:`hold_ms`): from the next batch's commit on, at most the previous hold until then (its
+    input is read, not committed yet), ``"now"`` (a timers-only batch reads no input), or as it is."""
 
-    Args:
-        upstream_caps: upstream computation -> its low watermark read before the query's snapshot
-            (None: unknown); the input watermark is capped there (an upstream not named: not capped).
-        hold: when the low watermark holds at the caps (:attr:`hold_ms`): ``"from_commit"`` from the
-            next batch's commit on, at most the previous hold until then (its input is read and not
-            committed yet); ``"now"`` at once (a timers-only batch reads no input); ``"kept"``: as it is.
-        direct_source: the files the image path's tasks read themselves (``tasks/image/direct.py``)."""
-
+    # upstream computation -> its low watermark read before the query's snapshot (None: unknown)
     upstream_caps: Mapping[str, int | None] = field(default_factory=dict)
     hold: Literal["kept", "now", "from_commit"] = "kept"
-    direct_source: DirectSource | None = None
+    direct_source: DirectSource | None = None  # the files the image tasks read themselves (``image/direct.py``)
 
     @property
     def hold_ms(self) -> int | None:

@@ -96,12 +96,10 @@ class BatchWatermarks:
     def hold(self, inputs: BatchInputs) -> None:
         """Hold the low watermark at ``inputs.hold_ms`` as ``inputs.hold`` says: until the next commit
         a publish during the batch must not pass its input, read and not committed yet."""
-        if inputs.hold == "now":
-            self.hold_ms, self._next_hold = inputs.hold_ms, None
-        elif inputs.hold == "from_commit":
-            before = 0 if self.hold_ms is None else self.hold_ms  # none yet: hold everything
-            self.hold_ms = None if inputs.hold_ms is None else min(inputs.hold_ms, before)
-            self._next_hold = (inputs.hold_ms,)
+        hold, now = inputs.hold_ms, inputs.hold == "now"
+        if inputs.hold != "kept":  # (no hold yet: from the commit on, hold everything until then)
+            self.hold_ms = hold if now or hold is None else min(hold, self.hold_ms or 0)
+            self._next_hold = None if now else (hold,)
 
     def input_committed(self) -> None:
         """The batch's input is in its commit: hold what comes after it."""

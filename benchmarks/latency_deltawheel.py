@@ -147,7 +147,7 @@ def _settings(zk: str | None, *, intervals: int, inj: Any, executor: Any, **extr
     return {"trigger": DEFAULT_TRIGGER, "max_files_per_trigger": getattr(inj, "max_files_per_trigger", None),
             "exactly_once": True, "strong_productions": True, "num_intervals": intervals,
             "codec": RunningCount.codec, "write_path": executor.write_path,
-            "direct_read": executor.direct_source is not None,
+            "direct_read": executor.inputs.direct_source is not None,
             "watermark_delay_ms": 1_000, "zookeeper": "the store's embedded server" if zk is None else zk,
             **extra}
 

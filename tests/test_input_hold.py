@@ -2,7 +2,7 @@
 
 A continuous stage acts, in each batch, on the upstream watermarks read before Spark planned the
 batch, and holds its own low watermark at them for the input after them
-(``ComputationExecutor.hold_input``). Its low watermark is also published in the middle of a
+(``BatchInputs(hold="from_commit")``). Its low watermark is also published in the middle of a
 batch, when the previous batch's delivery settles; that publish must still hold the batch's own
 input, which came after the previous batch's upstream watermarks. A chaos run found the hole: a
 publish during a batch used the new hold, a later stage fired its windows before that input
@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.zk]
 def test_a_publish_during_a_batch_holds_the_input_that_batch_read(spark: Any, migrated_store: Any,
                                                                    zk_config: Any) -> None:
     from deltawheel.executor.protocol.faults import FaultPoint
+    from deltawheel.executor.protocol.host import BatchInputs
 
     t0 = int(time.time() * 1000) - 600_000
     during: dict[int, Any] = {}
@@ -38,12 +39,14 @@ def test_a_publish_during_a_batch_holds_the_input_that_batch_read(spark: Any, mi
         ex.authority.declare("up", upstream=["injector:events"], num_intervals=1, replace=True)
         ex.authority.declare("buckets", upstream=["computation:up"], num_intervals=4, replace=True)
         ex.upstream = ("computation:up",)
-        ex.hold_input(t0 + 1_000)  # batch 0 acts on the upstream's t0 + 1 s
+        # batch 0 acts on the upstream's t0 + 1 s
+        ex.next_batch_inputs(BatchInputs(upstream_caps={"up": t0 + 1_000}, hold="from_commit"))
         ex.run_batch(events(spark, [("r1", "cats", t0 + 1_500)]), 0)
-        assert ex.input_hold_ms == t0 + 1_000
-        ex.hold_input(t0 + 300_000)  # batch 1 acts on t0 + 300 s; its own input came after t0 + 1 s
+        assert ex._protocol.watermarks.hold_ms == t0 + 1_000
+        # batch 1 acts on t0 + 300 s; its own input came after t0 + 1 s
+        ex.next_batch_inputs(BatchInputs(upstream_caps={"up": t0 + 300_000}, hold="from_commit"))
         ex.run_batch(events(spark, [("r2", "dogs", t0 + 2_000), ("r3", "emus", t0 + 250_000)]), 1)
-        assert ex.input_hold_ms == t0 + 300_000  # committed: what comes after t0 + 300 s is held
+        assert ex._protocol.watermarks.hold_ms == t0 + 300_000  # committed: what comes after t0 + 300 s is held
         after = ex.authority.oldest_work("buckets", 4)
     finally:
         stop_executor(ex, client)

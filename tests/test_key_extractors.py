@@ -159,8 +159,7 @@ def test_only_a_key_column_extractor_lets_the_tasks_read_parquet_files_themselve
     form reads the same injector through the JVM's input preparation (above)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from deltawheel.executor.drivers.pipeline import Pipeline
-    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.executor.drivers.inputs import direct_source
     from deltawheel.executor.sources.parquet import ParquetInjector
 
     folder = tmp_path_factory.mktemp("parquet")
@@ -171,5 +170,5 @@ def test_only_a_key_column_extractor_lets_the_tasks_read_parquet_files_themselve
     for extractor, direct in ((RECORD_KEY, True), ("country", False), (lambda v: v["country"], False),
                               (country_of, False), (Keys("country").of, False)):
         comp = type("Clicks", (KeyedCounter,), {"name": "clicks_keyed", "inputs": {"clicks": extractor}})()
-        runner = PipelineRunner(spark, store, Pipeline("direct", (inj,), (comp,)), zk=zk_config)
-        assert (runner._direct_source(comp) is not None) is direct, extractor
+        # as the bounded runner asks (``checkpoint=None``: no stream table read directly)
+        assert (direct_source(comp, {inj.name: inj}, layout=store, checkpoint=None) is not None) is direct, extractor

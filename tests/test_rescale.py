@@ -227,6 +227,7 @@ def test_an_upstream_computations_watermark_is_capped_at_its_value_before_the_qu
     """Job instances: another instance may deliver rows to an upstream's stream table and advance
     its watermark after this query pinned its snapshot of the table; the query and the flush
     after it act on the watermark read before the snapshot (``PipelineRunner`` sets the cap)."""
+    from deltawheel.executor.protocol.host import BatchInputs
     from executor_util import start_executor, stop_executor
 
     ex, client = start_executor(spark, migrated_store, zk_config, KeyCount(), watermarks=True)
@@ -237,12 +238,12 @@ def test_an_upstream_computations_watermark_is_capped_at_its_value_before_the_qu
         authority.publish_oldest_work("upper", 0, None, sequencer=1)
         ex.upstream = ("computation:upper",)
         assert ex.input_watermark() == 1_000
-        ex.upstream_caps = {"upper": 1_000}  # read before the snapshot
+        ex.next_batch_inputs(BatchInputs(upstream_caps={"upper": 1_000}))  # read before the snapshot
         authority.publish_injector("src", 5_000)  # the upstream moves on after it
         assert ex.input_watermark() == 1_000
-        ex.upstream_caps = {"upper": None}  # unknown before the snapshot: unknown
+        ex.next_batch_inputs(BatchInputs(upstream_caps={"upper": None}))  # unknown before the snapshot: unknown
         assert ex.input_watermark() is None
-        ex.upstream_caps = {}
+        ex.next_batch_inputs(BatchInputs())
         assert ex.input_watermark() == 5_000
     finally:
         stop_executor(ex, client)

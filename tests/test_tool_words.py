@@ -16,16 +16,19 @@ pytestmark = [pytest.mark.spark, pytest.mark.zk]
 
 def test_batch_lines_name_each_batch_once_and_an_unknown_watermark_as_unknown(spark, migrated_store,  # type: ignore[no-untyped-def]
                                                                                zk_config, capsys) -> None:
+    from deltawheel.executor.protocol.host import BatchInputs
+
     ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), watermarks=True)
     try:
         ex.authority.declare("buckets", upstream=["injector:events"], num_intervals=4, replace=True)
         ex.upstream = ("injector:events",)
-        ex.input_hold_ms = 0  # as a continuous run holds a stage whose upstream watermark is not known yet
+        # as a continuous run holds a stage whose upstream watermark is not known yet
+        ex.next_batch_inputs(BatchInputs(upstream_caps={"up": None}, hold="now"))
         t0 = int(time.time() * 1000) - 60_000
         capsys.readouterr()
         ex.run_batch(events(spark, [("r1", "cats", t0 + 1_000), ("r2", "dogs", t0 + 2_000)]), 0)
         ex.authority.publish_injector("events", t0 + 20_000)
-        ex.input_hold_ms = None
+        ex.next_batch_inputs(BatchInputs(hold="now"))
         ex.flush()  # fires the 10 s buckets the injector's watermark passed
         ex.flush()  # nothing left: the line says so
         ex.run_batch(events(spark, [("r3", "emus", t0 + 21_000)]), 1)

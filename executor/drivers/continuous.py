@@ -1,40 +1,39 @@
 """Continuous pipelines: one unbounded streaming query per computation, live until stopped.
 
 Invariant: a downstream batch never acts on an upstream low watermark beyond what it read
-(:attr:`.ComputationExecutor.upstream_caps` and ``input_hold_ms``). docs/continuous.md.
+(the upstream caps and the hold of :class:`.BatchInputs`). docs/continuous.md.
 
-Over 500 lines: one class, the live run's lifecycle; its separable parts are in ``sharing``,
-``handover``, ``triggers``, ``querystart``, ``inputs`` and ``pools``."""
+One class, the live run's lifecycle; a stage's query, batches' state and tick are in ``stage``, the
+other separable parts in ``sharing``, ``handover``, ``triggers``, ``querystart``, ``inputs``, ``pools``."""
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
-from deltawheel.statestore.delta.log import latest_local_version, local_path
 from deltawheel.statestore.delta.storefs import files_resolver
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import ensure_stream_table
 
-from ..computation import RECORD_KEY, Computation
+from ..computation import Computation
 from ..exceptions import BatchFailedError
 from ..protocol.executor import ComputationExecutor
-from ..sources.injector import Injector, publish_watermark
+from ..sources.injector import publish_watermark
 from ..tasks import worker as _worker
-from ..tasks.image.direct import table_source
 from .handover import HandoverWatch, hand_over
-from .inputs import event_bounds, stage_input
+from .inputs import direct_source, query_of, stage_input, upstream_caps
 from .pipeline import Pipeline, RunSummary, StopReport
 from .pools import in_pool, scheduler_mode, warn_unless_fair
-from .querystart import await_commit_log, clear_unstarted, delta_end_version, pending_batch
+from .querystart import await_commit_log, pending_batch
 from .sharing import Sharing
+from .stage import Stage
 from .triggers import Trigger
-from .wiring import Wiring, injector_hook, positions_recorder
+from .wiring import Wiring
 
 if TYPE_CHECKING:
     from deltawheel.gc.background import BackgroundGc
@@ -43,25 +42,6 @@ __all__ = ["ContinuousRun", "StopReport"]
 
 class _Stopping(Exception):
     """Raised in a batch Spark begins while the run stops: nothing of it runs (it runs again at the next start)."""
-
-
-@dataclass(eq=False, kw_only=True)
-class _Stage:
-    """One computation's live query and what its batches and ticks share."""
-
-    comp: Computation
-    ex: ComputationExecutor | None  # None: an instance sharing the intervals holds none of this computation now
-    checkpoint: str
-    trigger: Trigger
-    lock: threading.Lock = field(default_factory=threading.Lock)  # a batch or a tick, never both
-    query: Any = None
-    replay_id: int | None = None  # a batch id the checkpoint planned before this start (-1: unknown)
-    next_caps: dict[str, int | None] = field(default_factory=dict)  # read before the next batch's snapshot
-    acted_caps: dict[str, int | None] = field(default_factory=dict)  # the last batch or tick acted with
-    failed: list[BaseException] = field(default_factory=list)
-    records_in: int = 0
-    batches: int = 0
-    done_batch: int = -1  # the last micro-batch this run's function returned from
 
 
 class ContinuousRun:
@@ -102,7 +82,7 @@ class ContinuousRun:
         self.zk = zk
         self._sharing = None if instance is None else Sharing(
             spark, layout, pipeline, wiring=wiring, instance=instance, progress=self._log, write_path=write_path)
-        self.stages: dict[str, _Stage] = {}
+        self.stages: dict[str, Stage] = {}
         self._stopping = threading.Event()
         self._wake = threading.Event()  # the ticks wait on it: a tool's hand-over request, or the stop
         self._handover: HandoverWatch | None = None
@@ -276,7 +256,7 @@ class ContinuousRun:
         return unfinished
 
     @staticmethod
-    def _stop_query(stage: _Stage, deadline: float) -> None:
+    def _stop_query(stage: Stage, deadline: float) -> None:
         """Wait for the batch in flight to end, then stop the query: Spark's stop cancels the jobs of a
         running batch; a batch Spark begins meanwhile is refused."""
         held = stage.lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
@@ -294,34 +274,25 @@ class ContinuousRun:
     def _start_stage(self, comp: Computation) -> None:
         p, authority = self.pipeline, self.wiring.authority
         injectors = {i.name: i for i in p.injectors}
-        feeding = [injectors[s] for s in comp.inputs if s in injectors]
-        chk = f"{self.layout.root}/_checkpoints/{p.name}/{comp.name}"
         sharing = self._sharing
+        chk, name = query_of(self.layout, p.name, comp.name, self.instance)  # an instance: its own checkpoint
+        stage = self.stages[comp.name] = Stage(comp=comp, ex=None, checkpoint=chk, trigger=self._triggers[comp.name])
         if sharing is not None:  # instances share the intervals: a query and a checkpoint per instance
-            chk = sharing.checkpoint(chk)
-            stage = self.stages[comp.name] = _Stage(comp=comp, ex=None, checkpoint=chk,
-                                                    trigger=self._triggers[comp.name])
             stage.replay_id = pending_batch(chk)
-            caps = self._read_caps(stage)
-            stage.ex = sharing.start(comp, chk, wait_s=self.wait_s, caps={u: None for u in caps}, hold=_hold(
-                {u: None for u in caps}))
+            unknown = dict.fromkeys(upstream_caps(authority, p.upstream(comp)))
+            stage.ex = sharing.start(comp, chk, wait_s=self.wait_s, caps=unknown)
         else:
-            hook = injector_hook(authority, feeding, checkpoint=chk) if feeding else None
-            ex = self.wiring.executor(self.spark, self.layout, comp, upstream=p.upstream(comp), on_batch_end=hook,
-                                      progress=self.progress, write_path=self.write_path,
-                                      event_ahead_ms=event_bounds(comp, injectors),
-                                      positions=positions_recorder(comp, injectors, layout=self.layout,  # replay
-                                                                   checkpoint=chk, spark=self.spark))
-            stage = self.stages[comp.name] = _Stage(comp=comp, ex=ex, checkpoint=chk,
-                                                    trigger=self._triggers[comp.name])
+            ex = stage.ex = self.wiring.stage_executor(self.spark, self.layout, p, comp, checkpoint=chk,
+                                                       progress=self.progress, write_path=self.write_path)
             self._log(f"{comp.name}: waiting for leases on {type(comp).num_intervals} intervals ...")
             ex.start_in_background(wait_s=self.wait_s, then=lambda: self._log(
                 f"{comp.name}: leases held, sequencers {ex.owner.sequencers}"))
             ex.wait_leased()  # the leases keep a second copy of this job off the query's checkpoint
-            ex.direct_source = self._direct_source(comp)
+            stage.direct = direct_source(comp, injectors, layout=self.layout, checkpoint=chk) if self.direct_read \
+                else None
             stage.replay_id = pending_batch(chk)
         inp = stage_input(self.spark, self.layout, comp, injectors, shared=sharing is not None)
-        stage.next_caps = self._read_caps(stage)
+        stage.next_caps = upstream_caps(authority, p.upstream(comp))
 
         def batch(df: Any, batch_id: int) -> None:
             while not stage.lock.acquire(timeout=0.1):  # a tick runs, or the stop holds it
@@ -333,21 +304,19 @@ class ContinuousRun:
                 try:
                     self._hand_over(stage)  # a tool's request that came between batches
                     replay = stage.replay_id is not None and batch_id <= stage.replay_id
-                    caps: dict[str, int | None] = ({u: None for u in stage.next_caps} if replay
-                                                   else dict(stage.next_caps))
+                    caps = dict.fromkeys(stage.next_caps) if replay else dict(stage.next_caps)
                     if sharing is not None:  # the target may have changed: give back, take free intervals
-                        stage.ex, _ = sharing.rebalance(comp, chk, stage.ex, caps=caps, hold=_hold(caps))
+                        stage.ex, _ = sharing.rebalance(comp, chk, stage.ex, caps=caps)
                         if stage.ex is None:
                             sharing.idle_batch(comp, chk, df, batch_id)
                             stage.replay_id = None
-                            stage.next_caps = self._read_caps(stage)
+                            stage.next_caps = upstream_caps(authority, p.upstream(comp))
                             stage.done_batch = batch_id
                             return
                     ex = stage.ex
                     assert ex is not None
                     ex.wait_started()
-                    ex.upstream_caps = caps
-                    ex.hold_input(_hold(caps))
+                    ex.next_batch_inputs(stage.inputs(caps, "from_commit"))
                     stats = inp.partition_stats(df)
                     before = ex.records_in_total
                     ex(df, batch_id)
@@ -364,8 +333,8 @@ class ContinuousRun:
                     if not self._stopping.is_set():  # a tool's request, at this boundary (a tick may never
                         self._hand_over(stage)  # find the lock free between batches that follow each other)
                     # read before Spark plans the next micro-batch (its snapshot of the stream tables)
-                    stage.next_caps = self._read_caps(stage)
-                    ex.upstream_caps = stage.next_caps
+                    stage.next_caps = upstream_caps(authority, p.upstream(comp))
+                    ex.next_batch_inputs(stage.inputs(stage.next_caps))
                     self._hand_over(stage)  # a tool's request that came during the batch: at its end
                 except DeltaWheelError as exc:
                     stage.failed.append(exc)
@@ -373,28 +342,9 @@ class ContinuousRun:
             finally:
                 stage.lock.release()
 
-        clear_unstarted(chk)  # a first write a stop cut short would block every start
-        name = f"dw_{p.name}_{comp.name}" + (f"_{self.instance}" if self.instance else "")
-        writer = inp.df.writeStream.foreachBatch(batch).option("checkpointLocation", chk).queryName(name)
+        writer = inp.writer(batch, checkpoint=chk, name=name)
         with in_pool(self.spark, name):  # its micro-batches' jobs: a FAIR pool of its own (pools.py)
             stage.query = stage.trigger.apply(writer).start()
-
-    def _direct_source(self, comp: Computation) -> Any | None:
-        """For one input read by its key column: the injector's ``direct_source()``, or the stream table's."""
-        if not self.direct_read or list(comp.inputs.values()) != [RECORD_KEY]:
-            return None
-        stream = next(iter(comp.inputs))
-        inj: Injector | None = next((i for i in self.pipeline.injectors if i.name == stream), None)
-        if inj is None:  # an upstream computation's stream table (``tasks/image/direct.py``)
-            return table_source(stream, self.layout.stream(stream), checkpoint=self.stages[comp.name].checkpoint)
-        direct = getattr(inj, "direct_source", None)
-        return direct() if callable(direct) else None
-
-    def _read_caps(self, stage: _Stage) -> dict[str, int | None]:
-        """The low watermark of each upstream computation now (before the next snapshot)."""
-        authority = self.wiring.authority
-        return {name: authority.advance_low_watermark(name) for kind, _, name in
-                (u.partition(":") for u in self.pipeline.upstream(stage.comp)) if kind == "computation"}
 
     def _log(self, line: str) -> None:
         if self.progress is not None:
@@ -422,11 +372,10 @@ class ContinuousRun:
                         self._hand_over(stage)
                     if not self._stopping.is_set() and self._sharing is not None and stage.replay_id is None:
                         caps = stage.acted_caps or {u: None for u in stage.next_caps}  # none acted on: unknown
-                        stage.ex, _ = self._sharing.rebalance(stage.comp, stage.checkpoint, stage.ex,
-                                                              caps=caps, hold=_hold(caps))
+                        stage.ex, _ = self._sharing.rebalance(stage.comp, stage.checkpoint, stage.ex, caps=caps)
                     if not self._stopping.is_set() and stage.ex is not None:
                         with in_pool(self.spark, stage.query.name):  # the jobs of due timers: the stage's pool
-                            self._tick(stage)
+                            stage.tick(self.wiring.authority, self.pipeline, layout=self.layout, files=self._files)
                 except DeltaWheelError as exc:
                     stage.failed.append(exc)
                     self._log(f"{stage.comp.name}: {type(exc).__name__}: {exc}")
@@ -435,67 +384,11 @@ class ContinuousRun:
                 finally:
                     stage.lock.release()
 
-    def _hand_over(self, stage: _Stage) -> None:
+    def _hand_over(self, stage: Stage) -> None:
         """At a batch boundary: give the intervals a tool asked for back, retake them once it is done."""
         if self._handover is not None and self._handover.asked(stage.comp.name):
-            retake = None
-            sharing = self._sharing
-            if sharing is not None:  # the free ones of its share: another instance may have taken some meanwhile
-                caps: dict[str, int | None] = {u: None for u in stage.next_caps}
-
-                def retake() -> ComputationExecutor | None:
-                    return sharing.retake(stage.comp, stage.checkpoint, caps=caps, hold=_hold(caps))
+            sharing = self._sharing  # retakes the free ones of its share: another instance may have taken some
+            retake = None if sharing is None else functools.partial(
+                sharing.retake, stage.comp, stage.checkpoint, caps=dict.fromkeys(stage.next_caps))
             stage.ex = hand_over(stage.ex, self._handover, stage.comp.name, stopping=self._stopping,
                                  wait_s=self.wait_s, log=self._log, retake=retake)
-
-    def _tick(self, stage: _Stage) -> None:
-        """Between batches: fire what became due (a timers-only batch), if anything did."""
-        ex = stage.ex
-        if ex is None:
-            return
-        if stage.replay_id is not None:
-            return  # the batch Spark replays decides first, as its first attempt did (``lateness.py``)
-        authority = self.wiring.authority
-        caps: dict[str, int | None] = {}
-        for kind, _, name in (u.partition(":") for u in ex.upstream):
-            if kind != "computation":
-                continue
-            wm = authority.advance_low_watermark(name)  # first: then every row before it is in a version read below
-            streams = [s for s in stage.comp.inputs if s in self._outputs_of(name)]
-            caps[name] = wm if all(self._consumed(stage, s) for s in streams) else stage.acted_caps.get(name)
-        ex.upstream_caps = caps
-        try:
-            wm_in = ex.input_watermark()
-            now = ex.clock.now_ms()
-            nexts = ex.path.next_processing()
-            processing_due = nexts is not None and any(t is not None and t <= now for t in nexts.values())
-            last = ex.reports[-1].input_watermark_ms if ex.reports else None
-            if not processing_due and (wm_in is None or wm_in == last):
-                return
-            ex.input_hold_ms, ex.next_input_hold = _hold(caps), None  # a timers-only batch reads no input
-            ex.flush()
-            stage.acted_caps = caps
-        finally:
-            ex.upstream_caps = stage.next_caps
-
-    def _outputs_of(self, computation: str) -> tuple[str, ...]:
-        return next((tuple(c.outputs) for c in self.pipeline.computations if c.name == computation), ())
-
-    def _consumed(self, stage: _Stage, stream: str) -> bool:
-        """Whether the query's last progress shows it read every version ``stream``'s table has now
-        (a table with only its creation commit holds no row)."""
-        path = self.layout.stream(stream)
-        version = latest_local_version(self._files(path) or path)  # a local folder or the object store
-        if version is None:
-            return False  # unreadable: not known
-        if version == 0:
-            return True
-        end = delta_end_version(stage.query, local_path(path) or path)
-        return end is not None and end > version
-
-
-def _hold(caps: Mapping[str, int | None]) -> int | None:
-    """The hold on a computation's low watermark: the minimum of the upstream watermarks it acted
-    on, 0 if one is unknown; None: no upstream computation."""
-    return min((0 if c is None else c) for c in caps.values()) if caps else None
-

@@ -23,10 +23,11 @@ from deltawheel.servers.embedded import ensure_zookeeper
 
 from ..computation import RECORD_KEY, Computation
 from ..protocol.executor import ComputationExecutor
+from ..protocol.host import BatchInputs
 from ..protocol.reports import BatchReport
 from ..sources.injector import Injector, publish_watermark
 from .continuous import ContinuousRun
-from .inputs import event_bounds
+from .inputs import event_bounds, query_of
 from .pipeline import Pipeline, RunSummary
 from .runner import PipelineRunner
 from .triggers import Trigger
@@ -160,7 +161,8 @@ class Engine:
         if available_now and when.interval_ms is not None:
             raise ConfigError(f"start: trigger={trigger!r} and available_now=True: an availableNow query reads what "
                               "is there now and stops; give one or the other")
-        chk = checkpoint or f"{self.layout.root}/_checkpoints/{self.pipeline}/{computation.name}"
+        default, name = query_of(self.layout, self.pipeline, computation.name)
+        chk = checkpoint or default
         ups = [upstream] if isinstance(upstream, (str, Injector)) else list(upstream)
         if isinstance(source, Injector):
             df, ups = source.stream_df(self.spark), [source, *ups]
@@ -169,7 +171,7 @@ class Engine:
         ex = self.executor(computation, upstream=ups, checkpoint=chk, **options)
         direct = getattr(source, "direct_source", None)  # the tasks read a Parquet injector's files themselves
         if callable(direct) and list(computation.inputs.values()) == [RECORD_KEY]:
-            ex.direct_source = direct()
+            ex.next_batch_inputs(BatchInputs(direct_source=direct()))
         failed: list[DeltaWheelError] = []
 
         def batch(frame: Any, batch_id: int) -> None:
@@ -180,7 +182,7 @@ class Engine:
                 raise
 
         writer = df.writeStream.foreachBatch(batch).option("checkpointLocation", chk) \
-            .queryName(f"dw_{self.pipeline}_{computation.name}")
+            .queryName(name)
         writer = writer.trigger(availableNow=True) if available_now else when.apply(writer)
         query = writer.start()
         self._queries.append((query, ex, failed))  # failed: the batches' typed errors, for run()

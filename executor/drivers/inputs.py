@@ -1,20 +1,22 @@
-"""A computation's input as one streaming DataFrame tagged with a ``stream`` column. Instances
-sharing intervals read a stream table from version 0: never a compaction's files (``protocol/rescale.py``)."""
+"""A stage's input for both runners: one streaming DataFrame tagged with a ``stream`` column, its query and
+what its executor is handed. Instances sharing intervals read a stream table from version 0 (``rescale.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import ensure_stream_table
 
-from ..computation import Computation
+from ..computation import RECORD_KEY, Computation
 from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS
 from ..sources.schema import union_inputs
+from ..tasks.image.direct import DirectSource, table_source
+from .querystart import clear_unstarted
 
-__all__ = ["StageInput", "event_bounds", "stage_input"]
+__all__ = ["StageInput", "direct_source", "event_bounds", "query_of", "stage_input", "upstream_caps"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,12 @@ class StageInput:
         from pyspark.sql import functions as F
 
         return [(inj, inj.stats_of(batch_df.where(F.col("stream") == inj.name))) for inj in self.per_partition]
+
+    def writer(self, batch: Callable[[Any, int], None], *, checkpoint: str, name: str) -> Any:
+        """The query's writer: ``batch`` per micro-batch, on ``checkpoint`` (a first write a stop cut
+        short cleared: it would block every start)."""
+        clear_unstarted(checkpoint)
+        return self.df.writeStream.foreachBatch(batch).option("checkpointLocation", checkpoint).queryName(name)
 
 
 def stage_input(spark: Any, layout: StoreLayout, comp: Computation, injectors: Mapping[str, Any], *,
@@ -54,9 +62,37 @@ def stage_input(spark: Any, layout: StoreLayout, comp: Computation, injectors: M
                             if s in injectors and callable(getattr(injectors[s], "stats_of", None))))
 
 
+def query_of(layout: StoreLayout, pipeline: str, computation: str, instance: str | None = None) -> tuple[str, str]:
+    """A computation's query checkpoint (per pipeline, or per instance sharing the intervals) and name."""
+    base, name = f"{layout.root}/_checkpoints/{pipeline}/{computation}", f"dw_{pipeline}_{computation}"
+    suffix = f"_{instance}" if instance else ""
+    return (base if instance is None else f"{base}/{instance}"), name + suffix
+
+
 def event_bounds(comp: Computation, injectors: Mapping[str, Any]) -> dict[str, int]:
     """Each injector input's bound on event time ahead of the clock (``ComputationExecutor``'s
     ``event_ahead_ms``; an injector's None: no bound, and records of stream tables have none)."""
     ahead = {s: getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)
              for s in comp.inputs if s in injectors}
     return {s: b for s, b in ahead.items() if b is not None}
+
+
+def direct_source(comp: Computation, injectors: Mapping[str, Any], *, layout: StoreLayout,
+                  checkpoint: str | None) -> DirectSource | None:
+    """For one input read by the record's key: the files the image tasks may read themselves, its
+    injector's ``direct_source()`` (as of its last ``stream_df``), or with ``checkpoint`` (the
+    query's) an upstream computation's stream table; None: the JVM reads the input."""
+    if list(comp.inputs.values()) != [RECORD_KEY]:
+        return None
+    stream = next(iter(comp.inputs))
+    if stream not in injectors:
+        return None if checkpoint is None else table_source(stream, layout.stream(stream), checkpoint=checkpoint)
+    direct = getattr(injectors[stream], "direct_source", None)
+    source: DirectSource | None = direct() if callable(direct) else None
+    return source
+
+
+def upstream_caps(authority: Any, upstream: Iterable[str]) -> dict[str, int | None]:
+    """Each upstream computation's low watermark now, read before a query's snapshot of its tables."""
+    return {name: authority.advance_low_watermark(name) for kind, _, name in (u.partition(":") for u in upstream)
+            if kind == "computation"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.jvm import require_classic_session
@@ -23,27 +23,19 @@ from deltawheel.statestore.zk.lease_tools import list_leases
 from deltawheel.statestore.zk.leases import LeaseManager
 from deltawheel.statestore.zk.members import Membership, target
 from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
-from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
-from ..computation import RECORD_KEY, Computation
+from ..computation import Computation
 from ..protocol.executor import ComputationExecutor
 from ..protocol.faults import FaultPoint
+from ..protocol.host import BatchInputs
 from ..protocol.reports import BatchReport
-from ..protocol.rescale import CATCH_UP_BATCH, shared_input
-from ..sources.injector import Injector, publish_watermark
+from ..protocol.rescale import CATCH_UP_BATCH
+from ..sources.injector import publish_watermark
 from ..tasks import worker as _worker
-from .inputs import event_bounds, stage_input
+from .inputs import direct_source, query_of, stage_input, upstream_caps
 from .pipeline import MoveTiming, Pipeline, RunSummary
-from .querystart import clear_unstarted
-from .wiring import (
-    Wiring,
-    injector_hook,
-    migrate_store,
-    open_client_planned,
-    positions_recorder,
-    record_held,
-    wire,
-)
+from .sharing import catch_up
+from .wiring import Wiring, migrate_store, open_client_planned, record_held, wire
 
 if TYPE_CHECKING:
     from deltawheel.gc.background import BackgroundGc
@@ -209,43 +201,22 @@ class PipelineRunner:
 
     def _start(self, comp: Computation, intervals: Sequence[int] | None, *, wait_s: float) -> ComputationExecutor:
         """An executor of ``comp`` holding ``intervals`` (None: all), started and caught up."""
-        wiring = self._wiring
-        authority = wiring.authority
-        p = self.pipeline
-        injectors = {i.name: i for i in p.injectors}
-        feeding = [injectors[s] for s in comp.inputs if s in injectors]
-        owner = wiring.owner(comp)
         caught: dict[int, int] = {}  # what its estimates record as held: the intervals once caught up on
-        hook = self._injector_hook(authority, feeding, self._checkpoint(comp), comp.name, caught) if feeding else None
-        shared = positions = None
-        if self.instance is not None:  # instances share the intervals: positions per input file
-            from deltawheel.statestore.delta.storefs import files_resolver
-
-            shared = shared_input(comp, injectors, table_of=self.layout.stream, checkpoint=self._checkpoint(comp),
-                                  files_of=None if self.layout.is_local else files_resolver(self.spark))
-        else:  # each commit records its batch's input files (replay); inputs without files: none
-            positions = positions_recorder(comp, injectors, layout=self.layout, checkpoint=self._checkpoint(comp),
-                                           spark=self.spark)
-        ex = wiring.executor(self.spark, self.layout, comp, owner=owner, upstream=p.upstream(comp),
-                             faults=self.faults, on_batch_end=hook, progress=self.progress,
-                             write_path=self.write_path, intervals=intervals, shared=shared, positions=positions,
-                             event_ahead_ms=event_bounds(comp, injectors))
+        ex = self._wiring.stage_executor(
+            self.spark, self.layout, self.pipeline, comp, checkpoint=query_of(
+                self.layout, self.pipeline.name, comp.name, self.instance)[0], instance=self.instance, caught=caught,
+            faults=self.faults, progress=self.progress, write_path=self.write_path, intervals=intervals)
         n = type(comp).num_intervals if intervals is None else len(intervals)
         self.progress(f"{comp.name}: waiting for leases on {n} intervals ...")
         if self.instance is None:
             # nothing to catch up: fence and recovery run while the query starts; its first batch waits
             ex.start_in_background(wait_s=wait_s, then=lambda: self.progress(
-                f"{comp.name}: leases held, sequencers {owner.sequencers}"))
+                f"{comp.name}: leases held, sequencers {ex.owner.sequencers}"))
             return ex
         ex.start(wait_s=wait_s)
-        self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")
-        # what this instance held before (a restart's earlier run) stays released until caught up
-        record_held(authority, feeding, instance=self.instance, comp=comp, sequencers={})
-        self._catch_up(ex)
-        # caught up: the watermark hold moves from the intervals' former holder to this one
-        authority.record_caught_up(comp.name, owner.sequencers)
-        caught.update(owner.sequencers)
-        record_held(authority, feeding, instance=self.instance, comp=comp, sequencers=owner.sequencers)
+        self.progress(f"{comp.name}: leases held, sequencers {ex.owner.sequencers}")
+        catch_up(ex, self.spark, self.pipeline.injectors, instance=self.instance, caps={}, caught=caught,
+                 progress=self.progress)
         return ex
 
     def _rebalance(self, comp: Computation, execs: dict[str, ComputationExecutor | None]) -> None:
@@ -304,23 +275,6 @@ class PipelineRunner:
         started.wait_leased()
         self.progress(f"{comp.name}: intervals taken again after {asked.tool} ({time.monotonic() - t0:.1f}s)")
 
-    def _checkpoint(self, comp: Computation) -> str:
-        """The computation's streaming checkpoint: per pipeline, or per instance sharing the intervals."""
-        base = f"{self.layout.root}/_checkpoints/{self.pipeline.name}/{comp.name}"
-        return base if self.instance is None else f"{base}/{self.instance}"
-
-    def _catch_up(self, ex: ComputationExecutor) -> BatchReport | None:
-        """As one batch, the records of the intervals just taken that this instance's query read
-        before and their earlier owners did not process (``rescale.py``)."""
-        shared = ex.shared
-        if shared is None:
-            return None
-        files = shared.missing(ex.owner.intervals)
-        if not files:
-            return None
-        self.progress(f"{ex.comp.name}: catching up on {len(files)} input files for intervals taken over")
-        return ex.catch_up(shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
-
     def _shutdown(self, execs: dict[str, ComputationExecutor | None], leases: LeaseManager | None, *,
                   failing: BaseException | None, member: Membership | None = None) -> None:
         """Stop the executors, close ``leases`` (unless None); raise the first failure unless ``failing``."""
@@ -343,31 +297,23 @@ class PipelineRunner:
         if first is not None and failing is None:
             raise first
 
-    def _injector_hook(self, authority: WatermarkAuthority, feeding: Sequence[Injector], checkpoint: str,
-                       computation: str, caught: Mapping[int, int]) -> Callable[[int | None, int | None], None]:
-        # instances: each publishes its own estimate, the injector's is the live instances' minimum; the
-        # intervals it records as held are those caught up on (a catch-up batch's estimate holds none:
-        # what it let go of at its start stays released until then)
-        return injector_hook(authority, feeding, checkpoint=checkpoint, instance=self.instance,
-                             held=None if self.instance is None else lambda: {computation: dict(caught)})
-
     def _consume(self, comp: Computation, ex: ComputationExecutor) -> int:
         """One availableNow query over the computation's inputs; returns records consumed."""
         injectors = {i.name: i for i in self.pipeline.injectors}
-        if self.instance is not None and ex.authority is not None:
-            # read before the query pins its upstream snapshot: a watermark advanced after that
-            # may cover rows this query has not read
-            ex.upstream_caps = {name: ex.authority.advance_low_watermark(name)
-                                for kind, _, name in (u.partition(":") for u in ex.upstream)
-                                if kind == "computation"}
+        # instances: read before the query pins its upstream snapshot (one advanced after it may cover unread rows)
+        capped = self.instance is not None and ex.authority is not None
+        caps = upstream_caps(ex.authority, ex.upstream) if capped else {}
         last = self._read_upto.get(comp.name)
         if last is not None and self._input_tokens(comp) == last:
+            ex.next_batch_inputs(BatchInputs(upstream_caps=caps, direct_source=ex.inputs.direct_source))
             return 0  # every input is as it was when the last query started: it read all of it
         inp = stage_input(self.spark, self.layout, comp, injectors, shared=self.instance is not None)
-        # (shared intervals: the skip rule filters the frame, so the tasks must not read the files)
-        ex.direct_source = self._direct_source(comp) if ex.shared is None else None
+        # after its stream_df; shared intervals: the skip rule filters the frame, the tasks must not read the files
+        direct = self.direct_read and ex.shared is None
+        ex.next_batch_inputs(BatchInputs(upstream_caps=caps, direct_source=direct_source(
+            comp, injectors, layout=self.layout, checkpoint=None) if direct else None))
         before = ex.records_in_total
-        chk = self._checkpoint(comp)
+        chk, name = query_of(self.layout, self.pipeline.name, comp.name, self.instance)
         tokens = self._input_tokens(comp)  # after the frames: building one may create its files
         self._read_upto.pop(comp.name, None)
         failed: list[BaseException] = []
@@ -393,9 +339,7 @@ class PipelineRunner:
                 raise
 
         ex.wait_leased()  # the leases keep a second copy of this job off the query's checkpoint
-        clear_unstarted(chk)  # a first write a stop cut short would block every start
-        q = (inp.df.writeStream.foreachBatch(batch).trigger(availableNow=True)
-             .option("checkpointLocation", chk).queryName(f"dw_{self.pipeline.name}_{comp.name}" + (f"_{self.instance}" if self.instance else "")).start())
+        q = inp.writer(batch, checkpoint=chk, name=name).trigger(availableNow=True).start()
         try:
             q.awaitTermination()
         except Exception as exc:
@@ -408,16 +352,6 @@ class PipelineRunner:
         if None not in tokens:
             self._read_upto[comp.name] = tokens
         return ex.records_in_total - before
-
-    def _direct_source(self, comp: Computation) -> Any | None:
-        """The injector's ``direct_source()`` when ``comp`` reads one injector by its key column
-        (after its ``stream_df``: the image tasks may read its files), else None."""
-        if not self.direct_read or len(comp.inputs) != 1:
-            return None
-        ((stream, extractor),) = comp.inputs.items()
-        inj = next((i for i in self.pipeline.injectors if i.name == stream), None)
-        direct = getattr(inj, "direct_source", None)
-        return direct() if callable(direct) and extractor == RECORD_KEY else None
 
     def _input_tokens(self, comp: Computation) -> list[Any]:
         """Per input of ``comp``: its injector's ``input_token()`` or its stream table's newest

@@ -13,12 +13,13 @@ from deltawheel.statestore.zk.members import Membership, target
 
 from ..computation import Computation
 from ..protocol.executor import ComputationExecutor
-from ..protocol.rescale import CATCH_UP_BATCH, SharedInput, shared_input
-from .inputs import event_bounds
+from ..protocol.host import BatchInputs
+from ..protocol.rescale import CATCH_UP_BATCH, SharedInput
+from ..sources.injector import Injector
 from .pipeline import MoveTiming, Pipeline
-from .wiring import Wiring, injector_hook, record_held
+from .wiring import Wiring, record_held, shared_positions
 
-__all__ = ["Sharing", "LOOK_AGAIN_S"]
+__all__ = ["Sharing", "LOOK_AGAIN_S", "catch_up"]
 
 #: How long a starting instance waits for a lease of its share before it looks at the target again.
 LOOK_AGAIN_S = 10.0
@@ -48,10 +49,6 @@ class Sharing:
         except Exception as exc:
             self.progress(f"leaving the members failed: {type(exc).__name__}: {exc}")
 
-    def checkpoint(self, base: str) -> str:
-        """The query checkpoint of this instance (one per instance)."""
-        return f"{base}/{self.instance}"
-
     def wanted(self, comp: Computation) -> tuple[set[int], set[int]]:
         """(the intervals the target gives this instance, those of them free to take now)."""
         client = self.wiring.client
@@ -63,7 +60,7 @@ class Sharing:
         return want, free
 
     def start(self, comp: Computation, checkpoint: str, *, wait_s: float,
-              caps: Mapping[str, int | None], hold: int | None) -> ComputationExecutor | None:
+              caps: Mapping[str, int | None]) -> ComputationExecutor | None:
         """The executor of ``comp`` on this instance's free share of the target (None: none free).
 
         A share another instance still holds after :data:`LOOK_AGAIN_S` is looked at again (two
@@ -82,15 +79,15 @@ class Sharing:
             left = deadline - t0
             try:
                 return self._executor(comp, checkpoint, sorted(free), wait_s=max(0.0, min(left, LOOK_AGAIN_S)),
-                                      caps=caps, hold=hold)
+                                      caps=caps)
             except LeaseHeldError as exc:
                 if left <= LOOK_AGAIN_S:
                     raise
                 self.progress(f"{comp.name}: intervals {sorted(free)} not all free ({exc}); looking at the target again")
                 time.sleep(max(0.0, t0 + LOOK_AGAIN_S - time.monotonic()))  # (a refusal that came at once)
 
-    def retake(self, comp: Computation, checkpoint: str, *, caps: Mapping[str, int | None],
-               hold: int | None) -> ComputationExecutor | None:
+    def retake(self, comp: Computation, checkpoint: str, *, caps: Mapping[str, int | None]
+               ) -> ComputationExecutor | None:
         """After a tool's hand-over: an executor of ``comp`` on the free intervals of this instance's
         share now, without waiting for the others (:meth:`rebalance` looks again); None: none free."""
         _, free = self.wanted(comp)
@@ -98,13 +95,13 @@ class Sharing:
             self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
             return None
         try:
-            return self._executor(comp, checkpoint, sorted(free), wait_s=0.0, caps=caps, hold=hold)
+            return self._executor(comp, checkpoint, sorted(free), wait_s=0.0, caps=caps)
         except LeaseHeldError as exc:  # taken meanwhile by another instance: the next rebalance looks again
             self.progress(f"{comp.name}: intervals {sorted(free)} not all free ({exc}); trying again")
             return None
 
     def rebalance(self, comp: Computation, checkpoint: str, ex: ComputationExecutor | None, *,
-                  caps: Mapping[str, int | None], hold: int | None) -> tuple[ComputationExecutor | None, bool]:
+                  caps: Mapping[str, int | None]) -> tuple[ComputationExecutor | None, bool]:
         """Between micro-batches: (the executor to go on with, whether it changed).
 
         Raises:
@@ -138,7 +135,7 @@ class Sharing:
             self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
             return None, True
         try:
-            nex = self._executor(comp, checkpoint, sorted(new), wait_s=0.0, caps=caps, hold=hold)
+            nex = self._executor(comp, checkpoint, sorted(new), wait_s=0.0, caps=caps)
         except LeaseHeldError as exc:  # taken meanwhile by another instance: look again later
             self.progress(f"{comp.name}: intervals {sorted(new)} not all free ({exc}); trying again")
             return None, True
@@ -153,46 +150,44 @@ class Sharing:
         """A micro-batch while this instance holds no interval of ``comp``: only its positions are logged."""
         shared = self._idle.get(comp.name)
         if shared is None:
-            shared = self._idle[comp.name] = self._shared(comp, checkpoint)
+            shared = self._idle[comp.name] = shared_positions(
+                self.spark, self.layout, comp, {i.name: i for i in self.pipeline.injectors}, checkpoint=checkpoint)
         shared.apply(df, batch_id, ())
 
-    def _shared(self, comp: Computation, checkpoint: str) -> SharedInput:
-        from deltawheel.statestore.delta.storefs import files_resolver
-
-        # on s3a:// the checkpoint's logs and the tables' are read with the session's S3 settings
-        return shared_input(comp, {i.name: i for i in self.pipeline.injectors}, table_of=self.layout.stream,
-                            checkpoint=checkpoint, files_of=None if self.layout.is_local else files_resolver(self.spark))
-
     def _executor(self, comp: Computation, checkpoint: str, intervals: Sequence[int], *, wait_s: float,
-                  caps: Mapping[str, int | None], hold: int | None) -> ComputationExecutor:
-        """An executor of ``comp`` on ``intervals``, caught up on what earlier owners did not process."""
-        wiring, p = self.wiring, self.pipeline
-        injectors = {i.name: i for i in p.injectors}
-        feeding = [injectors[s] for s in comp.inputs if s in injectors]
-        owner = wiring.owner(comp)
+                  caps: Mapping[str, int | None]) -> ComputationExecutor:
+        """An executor of ``comp`` on ``intervals``, caught up on what earlier owners did not process
+        (acting on ``caps``, held at them)."""
         caught: dict[int, int] = {}  # what its estimates record as held: the intervals once caught up on
-        hook = injector_hook(wiring.authority, feeding, checkpoint=checkpoint, instance=self.instance,
-                             held=lambda: {comp.name: dict(caught)}) if feeding else None
-        shared = self._shared(comp, checkpoint)
-        ex = wiring.executor(self.spark, self.layout, comp, owner=owner, upstream=p.upstream(comp),
-                             on_batch_end=hook, progress=self.progress, write_path=self.write_path,
-                             intervals=intervals, shared=shared, event_ahead_ms=event_bounds(comp, injectors))
+        ex = self.wiring.stage_executor(self.spark, self.layout, self.pipeline, comp, checkpoint=checkpoint,
+                                        instance=self.instance, caught=caught, progress=self.progress,
+                                        write_path=self.write_path, intervals=intervals)
         self.progress(f"{comp.name}: instance {self.instance} waiting for leases on intervals {list(intervals)} ...")
         ex.start(wait_s=wait_s)
-        self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")
+        self.progress(f"{comp.name}: leases held, sequencers {ex.owner.sequencers}")
         try:
-            # what this instance held before (a restart's earlier run) stays released until caught up
-            record_held(wiring.authority, feeding, instance=self.instance, comp=comp, sequencers={})
-            files = shared.missing(ex.owner.intervals)
-            if files:
-                self.progress(f"{comp.name}: catching up on {len(files)} input files for intervals taken over")
-                ex.upstream_caps, ex.input_hold_ms = dict(caps), hold
-                ex.catch_up(shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
-            # caught up: a gone earlier holder no longer holds the injectors' watermarks back
-            wiring.authority.record_caught_up(comp.name, owner.sequencers)
-            caught.update(owner.sequencers)
-            record_held(wiring.authority, feeding, instance=self.instance, comp=comp, sequencers=owner.sequencers)
+            catch_up(ex, self.spark, self.pipeline.injectors, instance=self.instance, caps=caps, caught=caught,
+                     progress=self.progress)
         except BaseException:
             ex.stop()
             raise
         return ex
+
+
+def catch_up(ex: ComputationExecutor, spark: Any, injectors: Sequence[Injector], *, instance: str,
+             caps: Mapping[str, int | None], caught: dict[int, int], progress: Callable[[str], None]) -> None:
+    """An instance's started executor catches up on what its query read before and the intervals' earlier
+    owners did not process (one batch acting on ``caps``, ``rescale.py``); then the injectors' hold moves to it."""
+    comp, owner, shared, authority = ex.comp, ex.owner, ex.shared, ex.authority
+    assert shared is not None and authority is not None
+    # what this instance held before (a restart's earlier run) stays released until caught up
+    record_held(authority, injectors, instance=instance, comp=comp, sequencers={})
+    files = shared.missing(owner.intervals)
+    if files:
+        progress(f"{comp.name}: catching up on {len(files)} input files for intervals taken over")
+        ex.next_batch_inputs(BatchInputs(upstream_caps=dict(caps), hold="now"))
+        ex.catch_up(shared.files_df(spark, files), CATCH_UP_BATCH, input_files=files)
+    # caught up: a gone earlier holder no longer holds the injectors' watermarks back
+    authority.record_caught_up(comp.name, owner.sequencers)
+    caught.update(owner.sequencers)
+    record_held(authority, injectors, instance=instance, comp=comp, sequencers=owner.sequencers)

@@ -24,11 +24,13 @@ from ..protocol.hooks import InjectorHook
 from ..protocol.rescale import SharedInput, kafka_input, shared_input
 from ..protocol.starting import beside
 from ..sources.injector import Injector
+from .inputs import event_bounds
+from .pipeline import Pipeline
 
 if TYPE_CHECKING:
     from deltawheel.migrations import PlannedMigration
 
-__all__ = ["positions_recorder", "Wiring", "wire", "owner_of", "executor_of", "recovery_owner", "open_client",
+__all__ = ["positions_recorder", "shared_positions", "Wiring", "wire", "owner_of", "executor_of", "recovery_owner", "open_client",
            "open_client_planned", "migrate_store",
            "injector_hook", "record_held", "watermark_reader"]
 
@@ -52,6 +54,26 @@ class Wiring:
         """An executor of ``computation`` (not started) on ``owner`` (default: a new :meth:`owner`)."""
         return executor_of(spark, layout, computation, owner=self.owner(computation) if owner is None else owner,
                            authority=self.authority, **options)
+
+    def stage_executor(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, computation: Computation, *,
+                       checkpoint: str, instance: str | None = None, caught: Mapping[int, int] | None = None,
+                       **options: Any) -> ComputationExecutor:
+        """A stage's executor (not started) on its query's ``checkpoint``: injectors' watermarks published
+        after each batch, input positions recorded in each commit. ``instance``: sharing the intervals, it
+        publishes its own estimates (an injector's is the live instances' minimum), holding the intervals
+        in ``caught`` (those caught up on: what it let go of at its start stays released until then)."""
+        injectors = {i.name: i for i in pipeline.injectors}
+        feeding = [injectors[s] for s in computation.inputs if s in injectors]
+        held = None if instance is None else lambda: {computation.name: dict(caught or {})}
+        hook = injector_hook(self.authority, feeding, checkpoint=checkpoint, instance=instance,
+                             held=held) if feeding else None
+        if instance is None:  # each commit records its batch's input files (replay); inputs without files: none
+            options["positions"] = positions_recorder(computation, injectors, layout=layout, checkpoint=checkpoint,
+                                                      spark=spark)
+        else:  # instances share the intervals: positions per input file
+            options["shared"] = shared_positions(spark, layout, computation, injectors, checkpoint=checkpoint)
+        return self.executor(spark, layout, computation, upstream=pipeline.upstream(computation), on_batch_end=hook,
+                             event_ahead_ms=event_bounds(computation, injectors), **options)
 
 
 def wire(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, owner: str, zk: ZkConfig,
@@ -196,3 +218,13 @@ def positions_recorder(computation: Computation, injectors: Mapping[str, Injecto
     if got is not None and remote:
         got.files_of = files_resolver(spark)
     return got
+
+
+def shared_positions(spark: Any, layout: StoreLayout, comp: Computation, injectors: Mapping[str, Injector], *,
+                     checkpoint: str) -> SharedInput:
+    """The input positions of an instance sharing ``comp``'s intervals (``protocol/rescale.py``); on
+    s3a:// the checkpoint's logs and the tables' are read with the session's S3 settings."""
+    from deltawheel.statestore.delta.storefs import files_resolver
+
+    return shared_input(comp, injectors, table_of=layout.stream, checkpoint=checkpoint,
+                        files_of=None if layout.is_local else files_resolver(spark))

@@ -76,7 +76,8 @@ class BatchProtocol:
             if self._nothing_due(b):
                 return self._skipped(b)
         # Step 2: drop duplicates (input prepared in the JVM; the dedup runs in the tasks).
-        b.prepared = ex.job.prepare(df, wm_late=b.wm_late, now=b.now, batch_id=batch_id)
+        b.prepared = ex.job.prepare(df, wm_late=b.wm_late, now=b.now, batch_id=batch_id,
+                                    direct=ex.inputs.direct_source)
         self._record_dead_letters(b, b.prepared.dead)
         b.advance(BatchStatus.PREPARED)
         if df is not None:
@@ -303,8 +304,7 @@ class BatchProtocol:
     def _committed(self, b: BatchState, run: BatchRun[Any]) -> Callable[[], object]:
         """After the commit: record input files, keep a straggler open; returns the strong delivery."""
         ex = self.ex
-        if ex.next_input_hold is not None:  # the batch's input is in the commit: hold what comes after it
-            (ex.input_hold_ms,), ex.next_input_hold = ex.next_input_hold, None
+        self.watermarks.input_committed()
         if ex.shared is not None and b.files:
             ex.shared.committed(b.files, ex.owner.intervals)
         b.mark("commit")

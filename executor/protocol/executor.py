@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import time
@@ -18,11 +19,11 @@ from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
 from ..computation import Computation
-from ..tasks.image.direct import DirectSource
 from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
 from ..tasks.paths import PATHS, choose_write_path
 from .batch import JOB_DESCRIPTION, BatchProtocol
 from .faults import FaultPoint
+from .host import BatchInputs
 from .inflight import InFlight
 from .metrics import BatchMetrics
 from .reports import BatchReport
@@ -70,10 +71,7 @@ class ComputationExecutor:
         self.owner, self.authority, self.upstream = owner, authority, tuple(upstream)
         for warning in computation.start_warnings():
             _LOG.warning("%s", warning)
-        # upstream computation -> its watermark before the query's snapshot (set by PipelineRunner)
-        self.upstream_caps: dict[str, int | None] = {}
-        self.input_hold_ms: int | None = None
-        self.next_input_hold: tuple[int | None] | None = None  # :meth:`hold_input`'s, from the next commit on
+        self.inputs = BatchInputs()  # the driver's, for the next batches (:meth:`next_batch_inputs`)
         self.manual_watermarks = manual_watermarks
         self.clock = clock
         self.faults = faults
@@ -99,16 +97,6 @@ class ComputationExecutor:
                                     if event_ahead_ms is None else dict(event_ahead_ms))
         self.path, self.job = PATHS[write_path](spark, layout, computation, owner, partitions=self.partitions,
                                                 event_ahead_ms=ahead, watermarks=authority is not None)
-
-    @property
-    def direct_source(self) -> DirectSource | None:
-        """A Parquet injector the image path's tasks read themselves (``tasks/image/direct.py``)."""
-        source: DirectSource | None = self.job.direct_source  # UserJob's is Any: the MERGE path has none
-        return source
-
-    @direct_source.setter
-    def direct_source(self, source: DirectSource | None) -> None:
-        self.job.direct_source = source
 
     @property
     def event_ahead_ms(self) -> Mapping[str, int]:
@@ -214,7 +202,7 @@ class ComputationExecutor:
         self._run(df, batch_id, background=True)
 
     def input_watermark(self) -> int | None:
-        """min over upstream low watermarks (None until all are known), capped by :attr:`upstream_caps`."""
+        """min over upstream low watermarks (None until all are known), capped by the inputs' ``upstream_caps``."""
         return self._protocol.watermarks.input()
 
     def run_batch(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None = None,
@@ -230,14 +218,13 @@ class ComputationExecutor:
         protocol = self._protocol
         self.wait_started()
         before = protocol.acted
-        unknown: dict[str, int | None] = {u.partition(":")[2]: None for u in self.upstream
-                                          if u.startswith("computation:")}
-        caps, self.upstream_caps = self.upstream_caps, unknown
+        unknown = dict.fromkeys(u.partition(":")[2] for u in self.upstream if u.startswith("computation:"))
+        given, self.inputs = self.inputs, dataclasses.replace(self.inputs, upstream_caps=unknown, hold="kept")
         try:
             return self.run_batch(df, batch_id, input_files=input_files,
                                   late_watermark_ms=protocol.catch_up_lateness())
         finally:
-            protocol.acted, self.upstream_caps = before, caps
+            protocol.acted, self.inputs = before, given
 
     def _run(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None = None,
              use_authority: bool = True, input_files: Sequence[str] | None = None,
@@ -267,13 +254,11 @@ class ComputationExecutor:
         bid = (self.reports[-1].batch_id + 1) if self.reports else 0
         return self.run_batch(None, bid, input_watermark_ms=input_watermark_ms)
 
-    def hold_input(self, hold_ms: int | None) -> None:
-        """Hold the low watermark at ``hold_ms`` from the next batch's commit on (None: no upstream
-        computation). Until then it stays at most the previous hold: a publish during the batch must
-        not pass its input, read and not committed yet."""
-        before = 0 if self.input_hold_ms is None else self.input_hold_ms  # none yet: hold everything
-        self.input_hold_ms = None if hold_ms is None else min(hold_ms, before)
-        self.next_input_hold = (hold_ms,)
+    def next_batch_inputs(self, inputs: BatchInputs) -> None:
+        """What the next batches read and act on, handed by the driver between batches; its hold
+        applies as ``inputs.hold`` says (:class:`BatchInputs`)."""
+        self.inputs = inputs
+        self._protocol.watermarks.hold(inputs)
 
     def settle(self) -> bool:
         """Wait for the last delivery in flight and publish its watermark; returns whether there was one."""

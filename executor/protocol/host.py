@@ -1,9 +1,10 @@
-"""The view of :class:`~.executor.ComputationExecutor` that ``batch.py`` and ``watermarks.py`` import."""
+"""The executor as ``batch.py`` and ``watermarks.py`` see it, and what a driver hands it: :class:`BatchInputs`."""
 
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, Protocol
 
 from deltawheel.statestore.clock import Clock
 from deltawheel.statestore.layout import StoreLayout
@@ -12,6 +13,7 @@ from deltawheel.statestore.writepath import WritePath
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
 from ..computation import Computation
+from ..tasks.image.direct import DirectSource
 from ..tasks.job import UserJob
 from .faults import FaultPoint
 from .inflight import InFlight
@@ -19,7 +21,25 @@ from .metrics import BatchMetrics
 from .reports import BatchReport
 from .rescale import SharedInput
 
-__all__ = ["BatchHost"]
+__all__ = ["BatchHost", "BatchInputs"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchInputs:
+    """What a driver hands the executor for its next batches (``ComputationExecutor.next_batch_inputs``):
+    ``upstream_caps`` cap the input watermark; ``hold``: when the low watermark holds at them
+    (:attr:`hold_ms`): from the next batch's commit on, at most the previous hold until then (its
+    input is read, not committed yet), ``"now"`` (a timers-only batch reads no input), or as it is."""
+
+    # upstream computation -> its low watermark read before the query's snapshot (None: unknown)
+    upstream_caps: Mapping[str, int | None] = field(default_factory=dict)
+    hold: Literal["kept", "now", "from_commit"] = "kept"
+    direct_source: DirectSource | None = None  # the files the image tasks read themselves (``image/direct.py``)
+
+    @property
+    def hold_ms(self) -> int | None:
+        """The minimum of the caps, 0 if one is unknown; None: no cap (no upstream computation)."""
+        return min((0 if c is None else c) for c in self.upstream_caps.values()) if self.upstream_caps else None
 
 
 class BatchHost(Protocol):
@@ -31,9 +51,7 @@ class BatchHost(Protocol):
     owner: IntervalOwner
     authority: WatermarkAuthority | None
     upstream: tuple[str, ...]
-    upstream_caps: dict[str, int | None]
-    input_hold_ms: int | None
-    next_input_hold: tuple[int | None] | None
+    inputs: BatchInputs
     manual_watermarks: bool
     clock: Clock
     faults: Callable[[FaultPoint, int], None] | None

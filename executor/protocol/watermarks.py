@@ -17,7 +17,7 @@ from .hooks import InjectorHook
 from .reports import format_watermark
 
 if TYPE_CHECKING:
-    from .host import BatchHost
+    from .host import BatchHost, BatchInputs
 
 _LOG = logging.getLogger(__name__)
 
@@ -32,6 +32,8 @@ class BatchWatermarks:
         self.low: int | None = None
         self.injectors_read: dict[str, int] = {}
         self.computations_read: int | None = None  # min over the upstream computations :meth:`input` read
+        self.hold_ms: int | None = None  # input not read yet holds the low watermark here (:meth:`hold`)
+        self._next_hold: tuple[int | None] | None = None  # the hold from the next commit on
         self._warned = False
         self._lock = threading.Lock()
         # step 7 running in the background: (set when it is done, where it leaves its failure)
@@ -67,7 +69,7 @@ class BatchWatermarks:
                 "if you fire them yourself with flush(input_watermark_ms=...)")
 
     def input(self) -> int | None:
-        """min over upstream low watermarks (None until all are known), capped by ``upstream_caps``."""
+        """min over upstream low watermarks (None until all are known), capped by the inputs' ``upstream_caps``."""
         ex = self.ex
         self.computations_read = None
         if ex.authority is None or not ex.upstream:
@@ -80,8 +82,8 @@ class BatchWatermarks:
                   else ex.authority.advance_low_watermark(name))
             if kind == "injector" and wm is not None:
                 self.injectors_read[name] = wm
-            if kind == "computation" and name in ex.upstream_caps:
-                cap = ex.upstream_caps[name]
+            if kind == "computation" and name in ex.inputs.upstream_caps:
+                cap = ex.inputs.upstream_caps[name]
                 wm = None if wm is None or cap is None else min(wm, cap)
             if wm is None:
                 return None
@@ -90,6 +92,19 @@ class BatchWatermarks:
                 computations.append(wm)
         self.computations_read = min(computations) if computations else None
         return min(marks)
+
+    def hold(self, inputs: BatchInputs) -> None:
+        """Hold the low watermark at ``inputs.hold_ms`` as ``inputs.hold`` says: until the next commit
+        a publish during the batch must not pass its input, read and not committed yet."""
+        hold, now = inputs.hold_ms, inputs.hold == "now"
+        if inputs.hold != "kept":  # (no hold yet: from the commit on, hold everything until then)
+            self.hold_ms = hold if now or hold is None else min(hold, self.hold_ms or 0)
+            self._next_hold = None if now else (hold,)
+
+    def input_committed(self) -> None:
+        """The batch's input is in its commit: hold what comes after it."""
+        if self._next_hold is not None:
+            (self.hold_ms,), self._next_hold = self._next_hold, None
 
     def warn_if_none(self, wm_in: int | None, event_timer_ms: int | None) -> None:
         """Once: event-time timers were set, and no watermark source will ever make them due."""
@@ -129,8 +144,8 @@ class BatchWatermarks:
         """interval -> (its oldest work, our sequencer), as the executor holds them now (under the lock)."""
         ex = self.ex
         held = ex.inflight.held_ts()
-        if ex.input_hold_ms is not None:  # input not read yet holds it too
-            held = ex.input_hold_ms if held is None else min(held, ex.input_hold_ms)
+        if self.hold_ms is not None:  # input not read yet holds it too
+            held = self.hold_ms if held is None else min(held, self.hold_ms)
         works: dict[int, tuple[int | None, int]] = {}
         path_oldest = ex.path.oldest_work()
         for iv, seq in ex.owner.sequencers.items():

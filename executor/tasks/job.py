@@ -78,13 +78,13 @@ class BatchRun(Generic[BatchT]):
 class UserJob(Protocol[BatchT]):
     """The Spark side of steps 2-4 for one write path."""
 
-    #: the batch's Parquet files the tasks may read themselves (image path; ``image/direct.py``)
-    direct_source: Any
     #: per input stream, how far (ms) a record's event time may be ahead of the clock
     event_ahead_ms: Mapping[str, int]
 
-    def prepare(self, df: Any | None, *, wm_late: int | None, now: int, batch_id: int | None = None) -> Prepared:
-        """Step 2 in the JVM: keys, dead letters, the late flag."""
+    def prepare(self, df: Any | None, *, wm_late: int | None, now: int, batch_id: int | None = None,
+                direct: Any = None) -> Prepared:
+        """Step 2 in the JVM: keys, dead letters, the late flag; ``direct``: the ``DirectSource`` whose
+        files the tasks may read themselves (image path; ``image/direct.py``)."""
 
     def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
             horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[BatchT]:

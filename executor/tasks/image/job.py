@@ -94,7 +94,6 @@ class ImageTasks:
         self.path = path
         self.partitions = partitions
         self.event_ahead_ms = event_ahead_ms
-        self.direct_source: DirectSource | None = None  # set by the pipeline runner (``direct.py``)
         self._prep_cache: dict[Any, Any] = {}  # input-preparation column expressions (prepare_input)
         self._spread_values: list[int] | None = None
         # caches: ((JVM session, intervals), frame), (intervals, columns, filter), (placement, routing)
@@ -104,19 +103,19 @@ class ImageTasks:
         self._work: dict[int, float] = {}  # per interval: records + timers run, decayed over batches
         self._placement: tuple[tuple[int, int], ...] = ()
 
-    def prepare(self, df: Any | None, *, wm_late: int | None, now: int, batch_id: int | None = None) -> Prepared:
-        """The input, lazily prepared (or the batch's files, for the tasks to read)."""
-        direct = None
-        if df is not None and self.direct_source is not None:
-            files = batch_files(df, self.direct_source, batch_id=batch_id)
+    def prepare(self, df: Any | None, *, wm_late: int | None, now: int, batch_id: int | None = None,
+                direct: DirectSource | None = None) -> Prepared:
+        """The input, lazily prepared (or the batch's files of ``direct``, for the tasks to read)."""
+        batch = None
+        if df is not None and direct is not None:
+            files = batch_files(df, direct, batch_id=batch_id)
             if files is not None:
-                bound = self.event_ahead_ms.get(self.direct_source.stream)
-                direct = DirectBatch(source=self.direct_source, files=files,
-                                     num_intervals=self.comp.num_intervals, late_before=wm_late, tasks=(),
-                                     ahead=None if bound is None else (now, bound))
+                bound = self.event_ahead_ms.get(direct.stream)
+                batch = DirectBatch(source=direct, files=files, num_intervals=self.comp.num_intervals,
+                                    late_before=wm_late, tasks=(), ahead=None if bound is None else (now, bound))
         prep = (prepare_input(df, self.comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
-                if df is not None and direct is None else None)
-        return _Prepared(input=prep, direct=direct, df=df, raw=original_text(df))
+                if df is not None and batch is None else None)
+        return _Prepared(input=prep, direct=batch, df=df, raw=original_text(df))
 
     def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
             horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[BatchOutput]:

@@ -77,8 +77,6 @@ def routed_frame(out: Any) -> Any:
 class MergeTasks:
     """The MERGE path's batch job: input joined with the rows it needs, user code per key in tasks."""
 
-    direct_source = None  # the MERGE path's tasks never read the input files themselves
-
     def __init__(self, spark: Any, comp: Computation, layout: StoreLayout, path: MergePath, *, partitions: int,
                  event_ahead_ms: Mapping[str, int]) -> None:
         self.spark = spark
@@ -89,8 +87,10 @@ class MergeTasks:
         self.event_ahead_ms = event_ahead_ms
         self._prep_cache: dict[Any, Any] = {}  # input-preparation column expressions (prepare_input)
 
-    def prepare(self, df: Any | None, *, wm_late: int | None, now: int, batch_id: int | None = None) -> Prepared:
-        """The input of the owned intervals, materialized; its input-level dead letters apart."""
+    def prepare(self, df: Any | None, *, wm_late: int | None, now: int, batch_id: int | None = None,
+                direct: Any = None) -> Prepared:
+        """The input of the owned intervals, materialized; its input-level dead letters apart
+        (the MERGE path's tasks never read the input files themselves: ``direct`` is not used)."""
         from pyspark.sql import functions as F
 
         if df is None:

@@ -146,6 +146,8 @@ def test_two_live_stages_the_second_started_first_give_every_row_once(spark, zk_
             second.check()
         stop_second = second.stop()
         assert [r.records_in for r in (stop_first, stop_second)] == [len(rows) + 1, len(want_users)]
+        read = [r for r in first.executors["user_minutes"].reports if r.records_in]
+        assert read and all(r.direct for r in read), read  # the tasks read the files from the first start on
         got_users, got_totals = outputs(spark, engine.layout)
         assert got_users == want_users
         assert got_totals == want_totals

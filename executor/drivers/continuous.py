@@ -288,10 +288,10 @@ class ContinuousRun:
             ex.start_in_background(wait_s=self.wait_s, then=lambda: self._log(
                 f"{comp.name}: leases held, sequencers {ex.owner.sequencers}"))
             ex.wait_leased()  # the leases keep a second copy of this job off the query's checkpoint
-            stage.direct = direct_source(comp, injectors, layout=self.layout, checkpoint=chk) if self.direct_read \
-                else None
             stage.replay_id = pending_batch(chk)
         inp = stage_input(self.spark, self.layout, comp, injectors, shared=sharing is not None)
+        if sharing is None and self.direct_read:  # after stage_input: an injector knows its files once it streams
+            stage.direct = direct_source(comp, injectors, layout=self.layout, checkpoint=chk)
         stage.next_caps = upstream_caps(authority, p.upstream(comp))
 
         def batch(df: Any, batch_id: int) -> None:

@@ -105,13 +105,14 @@ def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket) -> No
     checksum."""
     j = jvm(spark)
     base = f"s3a://{s3_bucket}/cfm-{uuid.uuid4().hex[:8]}"
-    fs = _fs(spark, base)
 
     def write(rel: str, body: bytes) -> tuple[int, int, int]:
         uri = f"{base}/{rel}"
         counts = ("object_metadata_request", "object_list_request", "object_put_request")
+        mgr = _manager(spark, uri)
+        fs = mgr.fs()  # the manager's own file system: its requests are counted there
         before = [_stat(fs, c) for c in counts]
-        out = _manager(spark, uri).createAtomic(j.org.apache.hadoop.fs.Path(uri), False)
+        out = mgr.createAtomic(j.org.apache.hadoop.fs.Path(uri), False)
         out.write(bytearray(body))
         out.close()
         after = [_stat(fs, c) for c in counts]
@@ -124,6 +125,6 @@ def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket) -> No
     assert puts == 1 and heads + lists >= 1  # the no-overwrite probe
     heads, lists, puts = write("t/_delta_log/_last_checkpoint", b"{}")
     assert puts == 1 and heads + lists >= 1
-    stream = fs.open(j.org.apache.hadoop.fs.Path(f"{base}/t/_delta_log/{3:020d}.crc"))
+    stream = _fs(spark, base).open(j.org.apache.hadoop.fs.Path(f"{base}/t/_delta_log/{3:020d}.crc"))
     assert j.org.apache.commons.io.IOUtils.toString(stream, "UTF-8") == '{"tableSizeBytes": 1}'
     stream.close()

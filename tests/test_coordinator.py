@@ -512,7 +512,7 @@ def _blip_run(spark: Any, layout: StoreLayout, own_zk: Any, clients: list[Any], 
 def test_a_zookeeper_blip_shorter_than_the_session_pauses_commits_and_the_run_ends_normally(
         spark, tmp_path, own_zk, runner_clients, clean, migrated_at) -> None:  # type: ignore[no-untyped-def]
     _blip_run(spark, migrated_at(tmp_path / "store"), own_zk, runner_clients, clean, down_s=2.0,
-              zk=ZkConfig(hosts=own_zk.hosts, chroot="/dw", session_timeout_s=8.0))
+              zk=ZkConfig(hosts=own_zk.hosts, chroot="/dw", session_timeout_s=20.0))  # 2 s down, the rest for a restart under load
 
 
 @pytest.mark.slow

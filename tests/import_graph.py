@@ -34,3 +34,26 @@ def imports_of(path: Path, root: Path, package: str) -> Iterator[tuple[str, int]
             yield target, node.lineno
             for alias in node.names:
                 yield f"{target}.{alias.name}", node.lineno
+
+
+def circles(edges: dict[str, set[str]] | dict[str, dict[str, int]]) -> list[list[str]]:
+    """Every import circle of ``edges`` (module -> the modules it imports), each as a path back to its start."""
+    found: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for dep in sorted(edges.get(m, ())):
+            if state.get(dep) == 1:
+                found.append([*path[path.index(dep):], dep])
+            elif dep not in state:
+                visit(dep)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m)
+    return found

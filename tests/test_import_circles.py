@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from import_graph import imports_of, module_name
+from import_graph import circles, imports_of, module_name
 
 REPO = Path(__file__).resolve().parents[1]
 #: top folder -> its installed package (pyproject's package-dir)
@@ -33,31 +33,9 @@ def _edges(repo: Path = REPO) -> dict[str, set[str]]:
     return edges
 
 
-def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
-    circles: list[list[str]] = []
-    state: dict[str, int] = {}  # 1: on the path, 2: done
-    path: list[str] = []
-
-    def visit(m: str) -> None:
-        state[m] = 1
-        path.append(m)
-        for dep in sorted(edges.get(m, ())):
-            if state.get(dep) == 1:
-                circles.append([*path[path.index(dep):], dep])
-            elif dep not in state:
-                visit(dep)
-        path.pop()
-        state[m] = 2
-
-    for m in sorted(edges):
-        if m not in state:
-            visit(m)
-    return circles
-
-
 def test_no_import_circle_in_the_library() -> None:
-    circles = _circles(_edges())
-    assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
+    found = circles(_edges())
+    assert not found, "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
 def test_the_check_sees_a_circle_through_a_lazy_import(tmp_path: Path) -> None:
@@ -70,6 +48,6 @@ def test_the_check_sees_a_circle_through_a_lazy_import(tmp_path: Path) -> None:
                     ignore=shutil.ignore_patterns("__pycache__"))
     with open(tmp_path / "benchmarks" / "workload.py", "a") as f:
         f.write("\n\ndef _lazy():\n    from .throughput import run_throughput\n    return run_throughput\n")
-    circles = _circles(_edges(tmp_path))
+    found = circles(_edges(tmp_path))
     assert any("deltawheel.benchmarks.workload" in c and "deltawheel.benchmarks.throughput" in c
-               for c in circles), circles
+               for c in found), found

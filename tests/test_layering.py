@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from import_graph import imports_of, module_name
+from import_graph import circles, imports_of, module_name
 
 STATESTORE = Path(__file__).resolve().parents[1] / "statestore"
 PACKAGE = "deltawheel.statestore"
@@ -135,27 +135,9 @@ def test_nothing_in_statestore_names_a_module_above_it() -> None:
 
 
 def test_no_import_circle_among_statestore_modules() -> None:
-    edges = _edges()
-    circles: list[list[str]] = []
-    state: dict[str, int] = {}  # 1: on the path, 2: done
-    path: list[str] = []
-
-    def visit(m: str) -> None:
-        state[m] = 1
-        path.append(m)
-        for dep in sorted(edges.get(m, {})):
-            if state.get(dep) == 1:
-                circles.append([*path[path.index(dep):], dep])
-            elif dep not in state:
-                visit(dep)
-        path.pop()
-        state[m] = 2
-
-    for m in sorted(edges):
-        if m not in state:
-            visit(m)
-    short = [" -> ".join(x.removeprefix(PACKAGE + ".") for x in c) for c in circles]
-    assert not circles, "import circles:\n" + "\n".join(short)
+    found = circles(_edges())
+    short = [" -> ".join(x.removeprefix(PACKAGE + ".") for x in c) for c in found]
+    assert not found, "import circles:\n" + "\n".join(short)
 
 
 def test_every_import_goes_down_the_floors() -> None:

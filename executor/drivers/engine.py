@@ -29,6 +29,7 @@ from ..sources.injector import Injector, publish_watermark
 from .continuous import ContinuousRun
 from .inputs import event_bounds, query_of
 from .pipeline import Pipeline, RunSummary
+from .querystart import clear_unstarted
 from .runner import PipelineRunner
 from .triggers import Trigger
 from .wiring import injector_hook, migrate_store, open_client, wire
@@ -181,8 +182,8 @@ class Engine:
                 failed.append(exc)
                 raise
 
-        writer = df.writeStream.foreachBatch(batch).option("checkpointLocation", chk) \
-            .queryName(name)
+        clear_unstarted(chk)  # a first write a stop cut short would block every start
+        writer = df.writeStream.foreachBatch(batch).option("checkpointLocation", chk).queryName(name)
         writer = writer.trigger(availableNow=True) if available_now else when.apply(writer)
         query = writer.start()
         self._queries.append((query, ex, failed))  # failed: the batches' typed errors, for run()

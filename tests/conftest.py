@@ -21,10 +21,11 @@ os.environ.setdefault("DELTAWHEEL_JARS_DIR", str(Path.home() / ".cache" / "delta
 # every server a test starts (ZooKeeper, S3Proxy, Kafka, a Spark cluster), here or in a subprocess,
 # is stopped by a watchdog once this run is gone, even when it was SIGKILLed (statestore/process.py)
 os.environ.setdefault("DELTAWHEEL_SERVERS_DIE_WITH", str(os.getpid()))
-# this run's Spark driver and every Spark application a test starts in a subprocess live minutes at
-# most: the client compiler alone and the serial collector cost them about a third less CPU
-# (measured on three test files: 231 against 158 CPU-seconds); the servers' JVMs do the same
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# a Spark application a test starts in a subprocess lives a minute or two: compiled by the client
+# compiler alone, with the serial collector, it spends about a third less CPU (as the servers' JVMs);
+# the shared session below lives the whole run and keeps the JVM's defaults (``spark`` fixture)
+SHORT_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_JVM)
 
 
 def free_port() -> int:
@@ -55,7 +56,14 @@ def spark():  # type: ignore[no-untyped-def]
     from deltawheel.executor.session import build_spark
     from deltawheel.statestore.session.sparkenv import SparkSettings
 
-    session = build_spark(SparkSettings(master="local[2]", app_name="deltawheel-tests"))
+    ours = os.environ.get("SPARK_SUBMIT_OPTS") == SHORT_JVM
+    if ours:
+        del os.environ["SPARK_SUBMIT_OPTS"]
+    try:
+        session = build_spark(SparkSettings(master="local[2]", app_name="deltawheel-tests"))
+    finally:
+        if ours:
+            os.environ["SPARK_SUBMIT_OPTS"] = SHORT_JVM
     yield session
     session.stop()
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 from .commits_writer import WriterSpec, WriterStats, run_writer
 from .plot import plot_commits
 
-__all__ = ["run", "run_from_args", "measure_point", "Servers", "summarize", "point_line", "percentile"]
+__all__ = ["run", "failed_checks", "run_from_args", "measure_point", "Servers", "summarize", "point_line", "percentile"]
 
 SHAPES = ("computations", "instances")
 TARGETS = ("local", "s3a")
@@ -348,10 +348,17 @@ def run_from_args(args: argparse.Namespace) -> int:
     (out / "commits.json").write_text(json.dumps(result, indent=1, sort_keys=True))
     plot_commits(result, out / "commits.png")
     print(f"commits: wrote {out / 'commits.json'} and {out / 'commits.png'}", flush=True)
-    bad = [p for p in result["points"] if p["failed_batches"] or p["keys_missing"] or p["writer_errors"]
-           or p["log_versions_of_counted_commits"] != p["commits"]]
-    for p in bad:
-        print(f"commits: CHECK FAILED at {p['target']} {p['latency_ms']} ms {p['shape']} N={p['writers']}: "
-              f"failed {p['failed']}, keys missing {p['keys_missing']}, counted {p['commits']} vs log "
-              f"{p['log_versions_of_counted_commits']}", flush=True)
+    bad = failed_checks(result["points"])
+    for line in bad:
+        print(f"commits: CHECK FAILED at {line}", flush=True)
     return 1 if bad else 0
+
+
+def failed_checks(points: list[dict[str, Any]]) -> list[str]:
+    """A line per point whose counts do not hold: a failed batch, a key missing, a writer's error,
+    counted commits that are not the log's, or no commit at all (a point that measured nothing)."""
+    return [f"{p['target']} {p['latency_ms']} ms {p['shape']} N={p['writers']}: failed {p['failed']}, keys missing "
+            f"{p['keys_missing']}, counted {p['commits']} vs log {p['log_versions_of_counted_commits']}"
+            + (", no commit" if not p["commits"] else "")
+            for p in points if p["failed_batches"] or p["keys_missing"] or p["writer_errors"] or not p["commits"]
+            or p["log_versions_of_counted_commits"] != p["commits"]]

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from deltawheel.benchmarks.commits import measure_point
+from deltawheel.benchmarks.commits import failed_checks, measure_point
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 
@@ -30,6 +30,16 @@ def test_two_writers_on_a_folder(spark, zk_server, migrated_store, shape: str) -
                           seconds=3.0, warmup=0.5)
     _check(point, 2)
     assert point["log_versions_after_start"] >= point["commits"]
+
+
+def test_a_point_without_a_commit_fails_the_run() -> None:
+    good = {"target": "local", "latency_ms": 0, "shape": "instances", "writers": 2, "failed": {},
+            "failed_batches": 0, "keys_missing": 0, "writer_errors": [], "commits": 7,
+            "log_versions_of_counted_commits": 7}
+    idle = {**good, "writers": 4, "commits": 0, "log_versions_of_counted_commits": 0}
+    assert failed_checks([good]) == []
+    assert failed_checks([good, idle]) == ["local 0 ms instances N=4: failed {}, keys missing 0, counted 0 vs log 0, "
+                                           "no commit"]
 
 
 @pytest.mark.slow

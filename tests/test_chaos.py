@@ -87,6 +87,21 @@ def test_a_schedule_without_a_tmpfs_draws_no_disk_full_and_the_tools_share_one_s
 
 # --- the Python workers and the store's disk, on real processes and a real tmpfs ------------------
 
+def test_a_wait_says_what_it_waits_for_and_when_it_gives_up(tmp_path: Path) -> None:
+    """The drain can take many minutes: the run says what it is waiting for meanwhile."""
+    import time
+
+    from deltawheel.chaos.harness import ChaosSettings, _Harness
+
+    lines: list[str] = []
+    h = _Harness(ChaosSettings(seed=1, data=tmp_path / "chaos"), lines.append)
+    until = time.monotonic() + 1.2
+    assert h.wait("the drain", lambda: time.monotonic() > until, 10, every_s=0.5)
+    assert len([ln for ln in lines if ln.startswith("chaos: waiting for the drain: ")]) >= 1, lines
+    assert not h.wait("the drain", lambda: False, 0.3, every_s=0.5)
+    assert lines[-1] == "chaos: the drain: not within 0s", lines
+
+
 def test_python_workers_are_found_under_a_driver_by_their_command_line(tmp_path: Path) -> None:
     """A driver-like process whose child (own process group, as pyspark's daemon) forks two
     workers: the three are found, the daemon and its workers told apart, an unrelated child not."""

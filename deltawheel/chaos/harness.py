@@ -369,12 +369,17 @@ class _Harness:
                     self.say(f"chaos: driver {d.name} exited with {exit_.code} ({exit_.error}); started again")
                     d.start()
 
-    def wait(self, what: str, check: Callable[[], bool], timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
+    def wait(self, what: str, check: Callable[[], bool], timeout_s: float, *, every_s: float = 30.0) -> bool:
+        """Whether ``check()`` came true within ``timeout_s``; a line every ``every_s`` says what it waits for."""
+        start = said = time.monotonic()
         while not check():
-            if time.monotonic() > deadline:
+            if (now := time.monotonic()) - start > timeout_s:
+                self.say(f"chaos: {what}: not within {timeout_s:.0f}s")
                 return False
-            time.sleep(1.0)
+            if now - said >= every_s:
+                said = now
+                self.say(f"chaos: waiting for {what}: {now - start:.0f}s of at most {timeout_s:.0f}s")
+            time.sleep(min(1.0, every_s))
         return True
 
     def execute(self) -> ChaosRun:

@@ -159,3 +159,35 @@ def test_migrate_on_an_s3a_store_takes_its_zookeeper_from_the_command_line(objec
     finally:
         client.stop()
         client.close()
+
+
+@pytest.mark.spark
+@pytest.mark.zk
+@pytest.mark.timeout(600)
+def test_engines_of_one_application_share_the_log_stores_zookeeper_or_are_refused(  # type: ignore[no-untyped-def]
+        spark, zk_server, s3_bucket, migrated_s3_store) -> None:
+    """The log store is one per Spark application: a second engine on an object-store store with
+    another chroot is refused while the first is open (its tables would have no one arbiter), one
+    with the same chroot is not; once both close, the session's log store is as it was before."""
+    from deltawheel.statestore.exceptions import ConfigError
+    from deltawheel.statestore.objectstore.logstore import CONNECT_KEY, NAMESPACE_KEY
+
+    import deltawheel
+
+    def setting(key: str) -> str | None:
+        value = spark.sparkContext._jsc.hadoopConfiguration().get(key)
+        return None if value is None else str(value)
+
+    before = (setting(CONNECT_KEY), setting(NAMESPACE_KEY))
+    chroot = f"/a-{uuid.uuid4().hex[:8]}"
+    with deltawheel.connect(spark, store=migrated_s3_store.root, zk=zk_server.hosts, zk_chroot=chroot, pipeline="a"):
+        assert setting(NAMESPACE_KEY) == f"{chroot[1:]}/delta-log"
+        with pytest.raises(ConfigError, match=rf"ZooKeeper {zk_server.hosts} under {chroot}/delta-log .* "
+                                              rf"{zk_server.hosts} under /b-"):
+            deltawheel.connect(spark, store=migrated_s3_store.root, zk=zk_server.hosts,
+                               zk_chroot=f"/b-{uuid.uuid4().hex[:8]}", pipeline="b")
+        with deltawheel.connect(spark, store=migrated_s3_store.root, zk=zk_server.hosts, zk_chroot=chroot,
+                                pipeline="b"):
+            assert setting(NAMESPACE_KEY) == f"{chroot[1:]}/delta-log"
+        assert setting(NAMESPACE_KEY) == f"{chroot[1:]}/delta-log"  # the first engine is still open
+    assert (setting(CONNECT_KEY), setting(NAMESPACE_KEY)) == before

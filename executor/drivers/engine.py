@@ -86,13 +86,22 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
     if server is not None:
         cfg = server.config
     try:
-        client = open_client(spark, layout, cfg)
+        client, release = open_client(spark, layout, cfg)
     except BaseException:
         if server is not None:
             server.release()
         raise
-    engine = Engine(spark, layout, cfg, client, pipeline=pipeline, owner=owner or f"{socket.gethostname()}:{os.getpid()}",
-                    wait_s=wait_s, max_pause_s=max_pause_s, server=server, instance=instance)
+    try:
+        engine = Engine(spark, layout, cfg, client, pipeline=pipeline, owner=owner or f"{socket.gethostname()}:{os.getpid()}",
+                        wait_s=wait_s, max_pause_s=max_pause_s, server=server, instance=instance)
+    except BaseException:
+        client.stop()
+        client.close()
+        release()
+        if server is not None:
+            server.release()
+        raise
+    engine.release_log_store = release
     try:
         engine.migrate()
     except BaseException:
@@ -127,6 +136,7 @@ class Engine:
         self._feeding: dict[int, list[Injector]] = {}  # id(executor) -> the injectors whose watermark it moves
         self._queries: list[tuple[Any, ComputationExecutor, list[DeltaWheelError]]] = []
         self._runs: list[ContinuousRun] = []  # start_pipeline's, stopped by close()
+        self.release_log_store: Callable[[], None] = lambda: None  # connect()'s hold of the object-store log store
         self._closed = False
 
     def migrate(self) -> None:
@@ -316,7 +326,7 @@ class Engine:
         steps: list[Callable[[], object]] = [run.stop for run in self._runs]  # gracefully: see ContinuousRun.stop
         steps += [q.stop for q, _ex, _failed in self._queries if q.isActive]
         steps += [functools.partial(self._stop, ex) for ex in list(self.executors)]
-        steps += [self.authority.close, self.leases.close, self.client.stop, self.client.close]
+        steps += [self.authority.close, self.leases.close, self.client.stop, self.client.close, self.release_log_store]
         if self.server is not None:  # the last process using the store's server stops it
             steps.append(self._release_zookeeper)
         for step in steps:

@@ -105,7 +105,7 @@ class PipelineRunner:
 
     def _connect_and_run(self) -> RunSummary:
         # the store's migrations are planned while ZooKeeper connects
-        client, planned = open_client_planned(self.spark, self.layout, self.zk)
+        client, planned, release = open_client_planned(self.spark, self.layout, self.zk)
         try:
             # two copies started at once must not migrate the same store concurrently
             migrate_store(self.spark, self.layout, client, pipeline=self.pipeline.name, owner=self.owner,
@@ -116,6 +116,7 @@ class PipelineRunner:
         finally:
             client.stop()
             client.close()
+            release()
 
     def _run(self, wiring: Wiring, *, own: bool) -> RunSummary:
         """The rounds on ``wiring`` (``own``: the runner's, whose leases it closes at the end)."""

@@ -119,21 +119,29 @@ def recovery_owner(spark: Any, layout: StoreLayout, client: Any, *, pipeline: st
                     computation)
 
 
-def open_client(spark: Any, layout: StoreLayout, zk: ZkConfig) -> Any:
-    """A started kazoo client of ``zk``, arbitrating an object store's commits."""
-    _arbitrate_commits(spark, layout, zk)
-    return connect(zk)
+def open_client(spark: Any, layout: StoreLayout, zk: ZkConfig) -> tuple[Any, Callable[[], None]]:
+    """A started kazoo client of ``zk``, arbitrating an object store's commits, and the release of
+    that arbitration (call it after closing the client)."""
+    release = _arbitrate_commits(spark, layout, zk)
+    try:
+        return connect(zk), release
+    except BaseException:
+        release()
+        raise
 
 
-def _arbitrate_commits(spark: Any, layout: StoreLayout, zk: ZkConfig) -> None:
-    """An object store's commits: first given to ``zk`` to arbitrate (its log store on ``spark``)."""
-    if not layout.is_local:
-        from deltawheel.statestore.objectstore.logstore import configure_log_store
+def _arbitrate_commits(spark: Any, layout: StoreLayout, zk: ZkConfig) -> Callable[[], None]:
+    """An object store's commits: given to ``zk`` to arbitrate (its log store on ``spark``) until the
+    returned release; raises ConfigError when an open engine of this application uses other settings."""
+    if layout.is_local:
+        return lambda: None
+    from deltawheel.statestore.objectstore.logstore import hold_log_store
 
-        configure_log_store(spark, zk.hosts, chroot=zk.chroot, digest=zk.digest)
+    return hold_log_store(spark, zk.hosts, chroot=zk.chroot, digest=zk.digest)
 
 
-def open_client_planned(spark: Any, layout: StoreLayout, zk: ZkConfig) -> tuple[Any, list[PlannedMigration]]:
+def open_client_planned(spark: Any, layout: StoreLayout,
+                        zk: ZkConfig) -> tuple[Any, list[PlannedMigration], Callable[[], None]]:
     """:func:`open_client`, with the store's migrations planned while ZooKeeper connects (for
     :func:`migrate_store`).
 
@@ -141,17 +149,21 @@ def open_client_planned(spark: Any, layout: StoreLayout, zk: ZkConfig) -> tuple[
         What connecting raises, else what planning raises (the client is closed then)."""
     import deltawheel.migrations as migrations
 
-    _arbitrate_commits(spark, layout, zk)  # before the plan reads the store
-    planning = beside(lambda: migrations.plan(spark, layout), name="plan-migrations")
+    release = _arbitrate_commits(spark, layout, zk)  # before the plan reads the store
     try:
-        client = connect(zk)
-    finally:
-        concurrent.futures.wait([planning])  # its own failure is not the cause when connecting failed
-    try:
-        return client, planning.result()
+        planning = beside(lambda: migrations.plan(spark, layout), name="plan-migrations")
+        try:
+            client = connect(zk)
+        finally:
+            concurrent.futures.wait([planning])  # its own failure is not the cause when connecting failed
+        try:
+            return client, planning.result(), release
+        except BaseException:
+            client.stop()
+            client.close()
+            raise
     except BaseException:
-        client.stop()
-        client.close()
+        release()
         raise
 
 

@@ -6,13 +6,16 @@ a commit that cannot create its entry fails with nothing committed. Entries are 
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from ..exceptions import ConfigError
 from ..jars import compile_jar
 
 __all__ = ["ZK_LOG_STORE_CLASS", "DIRECT_CHECKPOINT_MANAGER_CLASS", "ensure_zk_log_store_jar",
-           "ensure_checkpoint_manager_jar", "configure_log_store", "log_store_settings",
+           "ensure_checkpoint_manager_jar", "configure_log_store", "hold_log_store", "log_store_settings",
            "CONNECT_KEY", "NAMESPACE_KEY", "DIGEST_KEY"]
 
 ZK_LOG_STORE_CLASS = "io.deltawheel.storage.ZkS3LogStore"
@@ -55,3 +58,70 @@ def configure_log_store(spark: Any, hosts: str, *, chroot: str = "/deltawheel", 
     if not digest:  # a digest set by an earlier call must not outlive it
         spark.conf.unset(DIGEST_KEY)
         conf.unset(DIGEST_KEY)
+
+
+@dataclass
+class _Hold:
+    settings: dict[str, str]
+    before: dict[str, str | None]  # the session's settings when the first holder came
+    count: int = 0
+
+
+_HOLDS: dict[int, _Hold] = {}  # per Spark application (id of its SparkContext)
+_HOLDS_LOCK = threading.Lock()
+
+
+def hold_log_store(spark: Any, hosts: str, *, chroot: str = "/deltawheel",
+                   digest: str | None = None) -> Callable[[], None]:
+    """:func:`configure_log_store` for as long as an engine or runner is open: returns its release;
+    the last release puts the settings from before back.
+
+    Raises:
+        ConfigError: another open engine or runner of this Spark application arbitrates through
+            other settings. The log store is one per application, and a table whose writers use
+            two namespaces has no arbiter: both could write one version.
+    """
+    want = log_store_settings(hosts, chroot=chroot, digest=digest)
+    key = id(spark.sparkContext)
+    with _HOLDS_LOCK:
+        held = _HOLDS.get(key)
+        if held is not None and held.settings != want:
+            theirs, ours = (f"{h[CONNECT_KEY]} under /{h[NAMESPACE_KEY]}" for h in (held.settings, want))
+            raise ConfigError(f"this Spark application commits to object stores through ZooKeeper {theirs} (an "
+                              f"open engine or runner uses it); another at {ours} would leave a table's commits "
+                              "without one arbiter: give every engine of one application on object-store stores "
+                              "the same zk hosts, chroot and digest, or close the other first")
+        if held is None:
+            from ..delta.jvm import jcontext
+
+            conf = jcontext(spark).hadoopConfiguration()
+            held = _HOLDS[key] = _Hold(settings=want, before={k: conf.get(k) for k in (CONNECT_KEY, NAMESPACE_KEY,
+                                                                                         DIGEST_KEY)})
+            configure_log_store(spark, hosts, chroot=chroot, digest=digest)
+        held.count += 1
+    done = threading.Event()
+
+    def release() -> None:
+        with _HOLDS_LOCK:
+            if done.is_set():
+                return
+            done.set()
+            held.count -= 1
+            if held.count == 0 and _HOLDS.get(key) is held:
+                del _HOLDS[key]
+                _restore(spark, held.before)
+
+    return release
+
+
+def _restore(spark: Any, before: dict[str, str | None]) -> None:
+    from ..delta.jvm import jcontext
+
+    conf = jcontext(spark).hadoopConfiguration()
+    for k, v in before.items():
+        if v is None:
+            spark.conf.unset(k)
+            conf.unset(k)
+        else:
+            spark.conf.set(k, v)
+            conf.set(k, v)

@@ -117,6 +117,49 @@ def test_second_owner_waits_for_release(clients) -> None:  # type: ignore[no-unt
     b.renew()
 
 
+def test_a_released_lease_taken_by_the_next_owner_at_once_is_not_reported_lost(clients) -> None:  # type: ignore[no-untyped-def]
+    """The next owner takes the interval between our release's delete and the release's own
+    bookkeeping, and our watch reads the owner znode only then (both held back here, as a busy
+    machine schedules them): the watch sees the new owner, but we gave the lease up ourselves: no
+    on_lost, and check_valid says not held."""
+    lost: list[str] = []
+    a = LeaseManager(clients(), pipeline="p", owner="owner-a", on_lost=lambda _g, reason: lost.append(reason))
+    b = LeaseManager(clients(), pipeline="p", owner="owner-b")
+    a.acquire("c", [0])
+    taken = threading.Event()
+    real = a.zk_client.transaction
+
+    def transaction() -> object:
+        tx = real()
+        commit = tx.commit
+
+        def held_back() -> object:
+            out = commit()
+            assert taken.wait(30)  # the next owner holds the interval now
+            time.sleep(1.0)  # our watch has seen its node by now
+            return out
+
+        tx.commit = held_back
+        return tx
+
+    real_get = a.zk_client.get
+
+    def get(*args: object, **kw: object) -> object:  # only the watch reads after the acquire
+        assert taken.wait(30)
+        return real_get(*args, **kw)
+
+    a.zk_client.transaction = transaction  # type: ignore[method-assign]
+    a.zk_client.get = get  # type: ignore[method-assign]
+    releasing = threading.Thread(target=a.release, args=("c",))
+    releasing.start()
+    second = b.acquire("c", [0], wait_s=20)[0]
+    taken.set()
+    releasing.join(60)
+    assert second.owner == "owner-b" and lost == []
+    with pytest.raises(LeaseLostError, match="not held by this instance"):
+        a.check_valid("c", 0)
+
+
 def test_acquire_is_all_or_nothing(clients) -> None:  # type: ignore[no-untyped-def]
     a = LeaseManager(clients(), pipeline="p", owner="a")
     b = LeaseManager(clients(), pipeline="p", owner="b")

@@ -62,6 +62,7 @@ class LeaseManager:
         self._lock = threading.RLock()
         self._held: dict[str, dict[int, HeldGrant]] = {}
         self._lost: dict[tuple[str, int], str] = {}
+        self._releasing: set[int] = set()  # id() of the held grants release() is deleting: not taken over
         self._suspended = client.state != KazooState.CONNECTED
         self._verifying = False
         self._closed = False
@@ -202,7 +203,7 @@ class LeaseManager:
             return
         reason = _taken_over(data, g.sequencer, self.instance)
         with self._lock:
-            if self._held.get(g.computation, {}).get(g.interval) is not held:
+            if self._held.get(g.computation, {}).get(g.interval) is not held or id(held) in self._releasing:
                 return
             self._held[g.computation].pop(g.interval, None)
             self._lost[(g.computation, g.interval)] = reason
@@ -354,14 +355,20 @@ class LeaseManager:
         client_id = self._client.client_id
         for h in targets:
             g = h.grant
-            if client_id is not None and int(client_id[0]) == h.session_id:
-                tx = self._client.transaction()
-                tx.check(h.grant_path, 0)
-                tx.delete(f"{interval_path(g.pipeline, g.computation, g.interval)}/owner", 1)
-                with _zk_errors(f"releasing interval {g.interval}"):
-                    tx.commit()  # a failed check means it was no longer ours: nothing to delete
             with self._lock:
-                self._held.get(g.computation, {}).pop(g.interval, None)
+                self._releasing.add(id(h))  # the next owner's node, seen by our watch meanwhile, is no takeover
+            try:
+                if client_id is not None and int(client_id[0]) == h.session_id:
+                    tx = self._client.transaction()
+                    tx.check(h.grant_path, 0)
+                    tx.delete(f"{interval_path(g.pipeline, g.computation, g.interval)}/owner", 1)
+                    with _zk_errors(f"releasing interval {g.interval}"):
+                        tx.commit()  # a failed check means it was no longer ours: nothing to delete
+                with self._lock:
+                    self._held.get(g.computation, {}).pop(g.interval, None)
+            finally:
+                with self._lock:
+                    self._releasing.discard(id(h))
 
     def close(self) -> None:
         """Release every lease (best effort) and stop listening; the client stays open."""

@@ -49,15 +49,22 @@ def log_store_settings(hosts: str, *, chroot: str = "/deltawheel", digest: str |
 
 def configure_log_store(spark: Any, hosts: str, *, chroot: str = "/deltawheel", digest: str | None = None) -> None:
     """Point a running session's log store at ZooKeeper ``hosts`` (the same for all of a table's writers)."""
+    # a digest set by an earlier call must not outlive it
+    _apply(spark, {DIGEST_KEY: None, **log_store_settings(hosts, chroot=chroot, digest=digest)})
+
+
+def _apply(spark: Any, values: dict[str, str | None]) -> None:
+    """Set each key on the session and its Hadoop configuration (None: unset it)."""
     from ..delta.jvm import jcontext
 
     conf = jcontext(spark).hadoopConfiguration()
-    for k, v in log_store_settings(hosts, chroot=chroot, digest=digest).items():
-        spark.conf.set(k, v)
-        conf.set(k, v)
-    if not digest:  # a digest set by an earlier call must not outlive it
-        spark.conf.unset(DIGEST_KEY)
-        conf.unset(DIGEST_KEY)
+    for k, v in values.items():
+        if v is None:
+            spark.conf.unset(k)
+            conf.unset(k)
+        else:
+            spark.conf.set(k, v)
+            conf.set(k, v)
 
 
 @dataclass
@@ -109,19 +116,6 @@ def hold_log_store(spark: Any, hosts: str, *, chroot: str = "/deltawheel",
             held.count -= 1
             if held.count == 0 and _HOLDS.get(key) is held:
                 del _HOLDS[key]
-                _restore(spark, held.before)
+                _apply(spark, held.before)
 
     return release
-
-
-def _restore(spark: Any, before: dict[str, str | None]) -> None:
-    from ..delta.jvm import jcontext
-
-    conf = jcontext(spark).hadoopConfiguration()
-    for k, v in before.items():
-        if v is None:
-            spark.conf.unset(k)
-            conf.unset(k)
-        else:
-            spark.conf.set(k, v)
-            conf.set(k, v)

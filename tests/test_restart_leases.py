@@ -109,6 +109,9 @@ def test_the_older_of_two_live_processes_with_one_instance_name_loses_its_leases
     deadline = time.monotonic() + 15
     while older.held("c") and time.monotonic() < deadline:
         time.sleep(0.05)
+    # on_lost runs on its own thread after a lease is dropped: wait for both calls
+    while sum(len(grants) for grants, _ in lost) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     with pytest.raises(LeaseLostError, match=r"interval 0 of p/c was lost \(taken over by 'newer' of instance 'a' "
                                              r"\((owner sequencer \d+, ours \d+|its grant in progress, ours sequencer \d+)\); a newer process with this "
                                              r"instance's name took it"):

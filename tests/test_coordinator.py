@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -496,11 +497,39 @@ def _commits_between(layout: StoreLayout, start: float, end: float) -> list[str]
     return sorted(p.name for p in Path(layout.rows, "_delta_log").glob("*.json") if start <= p.stat().st_mtime <= end)
 
 
+class _KazooTrail(logging.Handler):
+    """kazoo's own log lines during a run (a CLI test earlier in the process may have silenced them)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+        self._logger = logging.getLogger("kazoo")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.created:.3f} {record.name} {record.levelname} {record.getMessage()}")
+
+    def __enter__(self) -> _KazooTrail:
+        self._level = self._logger.level
+        self._logger.setLevel(logging.INFO)
+        self._logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._level)
+
+
 def _blip_run(spark: Any, layout: StoreLayout, own_zk: Any, clients: list[Any], clean: Any, *, down_s: float,
               zk: ZkConfig, write_path: str = "auto") -> None:
     folder, want = clean
     faults, seen = _blip(own_zk, clients, down_s=down_s)
-    summary = _run(spark, folder, layout, zk, faults=faults, write_path=write_path)
+    with _KazooTrail() as trail:
+        try:
+            summary = _run(spark, folder, layout, zk, faults=faults, write_path=write_path)
+        except Exception:  # what the client and the server saw, to tell a test fault from a product one
+            print("kazoo:", *trail.lines, f"seen: { {k: v for k, v in seen.items() if k != 'thread'} }",
+                  "server log tail:", own_zk.process.log_tail(80), sep="\n")
+            raise
     seen["thread"].join()
     assert "up" in seen and summary.reports["by_record_key"]
     assert seen["after"] == seen["session"]  # the same session: the blip did not end it

@@ -3,6 +3,7 @@ leases, while the pipeline runs; real Spark, ZooKeeper and Delta."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -13,6 +14,8 @@ from typing import Any
 
 import pytest
 from deltawheel.statestore.exceptions import ReplayTargetError
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from deltawheel.cli import main
 
@@ -89,6 +92,53 @@ def test_a_plan_counts_the_keys_it_does_not_name() -> None:
 
 @pytest.mark.zk
 @pytest.mark.timeout(900)
+@settings(deadline=None)  # the first example imports the drivers
+@given(gap=hs.integers(0, 60), per_batch=hs.sampled_from([0.0, 0.3, 0.5, 0.9, 1.0, 1.5, 3.0]),
+       other=hs.booleans())
+def test_the_catch_up_before_the_hand_over_runs_while_the_gap_shrinks(gap: int, per_batch: float,
+                                                                        other: bool) -> None:
+    """Live batches land while the replay catches up (``per_batch`` per batch it re-runs; ``other``:
+    a claim among them, which no replay re-runs). Each round runs exactly what is behind; rounds
+    shrink; it stops with at most one batch left for the leases, or when the live stage keeps pace
+    (the rest is caught up while it pauses), and after at most 5 rounds."""
+    from deltawheel.executor.drivers.promote import close_gap
+    from deltawheel.statestore.inspection.positions import ComputationCommit
+
+    live: list[ComputationCommit] = []
+    reached = [-1]
+    debt = [0.0]
+
+    def land(n: int) -> None:
+        for _ in range(n):
+            v = len(live)
+            claim = other and v % 4 == 3
+            live.append(ComputationCommit(version=v, timestamp_ms=0, kind="claim" if claim else "batch",
+                                          batch_id=None if claim else v, files=() if claim else ("f",),
+                                          input_ms=None, late_ms=None))
+
+    def behind_now() -> list[int]:
+        return [c.version for c in live if c.version > reached[0] and c.reruns]
+
+    ran: list[list[int]] = []
+
+    def catch_up(todo: Any) -> None:
+        assert [c.version for c in todo] == behind_now()  # exactly what is behind, oldest first
+        ran.append([c.version for c in todo])
+        reached[0] = live[-1].version
+        debt[0] += per_batch * len(todo)
+        land(int(debt[0]))
+        debt[0] -= int(debt[0])
+
+    land(gap)
+    rounds = close_gap(lambda: list(live), lambda: reached[0], catch_up)
+    assert rounds == [len(r) for r in ran] and len(rounds) <= 5
+    assert all(a > b for a, b in itertools.pairwise(rounds))  # each round shorter than the one before
+    left = len(behind_now())
+    assert left <= 1 or (rounds and left >= rounds[-1]) or len(rounds) == 5
+    if per_batch <= 0.5 and gap <= 16:  # a replay twice as fast as the live stage closes the gap
+        assert left <= 1
+
+
 def test_a_replay_behind_the_live_position_is_refused_without_catch_up(  # type: ignore[no-untyped-def]
         spark, migrated_store, zk_config, tmp_path) -> None:
     from deltawheel.executor.drivers.promote import promote

@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import ConfigError, LeaseHeldError, ReplayTargetError
 from deltawheel.statestore.inspection.positions import (
+    ComputationCommit,
     commits_after,
     commits_since,
     computation_commits,
@@ -37,7 +38,7 @@ from .replay_run import ReplayRun
 # keys written (and deleted) a plan names one by one; the rest are counted
 _SHOWN = 5
 
-__all__ = ["PromotePlan", "check_replay", "plan_promote", "promote", "promote_intervals", "shadow_rows"]
+__all__ = ["PromotePlan", "check_replay", "close_gap", "plan_promote", "promote", "promote_intervals", "shadow_rows"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,7 +169,8 @@ def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, p
         prove_caught_up(commits, m, into=into.root, computation=computation, num_intervals=num, intervals=ivs,
                         upto=int(m["reached"]))
     with contextlib.ExitStack() as stack:
-        run = None
+        run: ReplayRun | None = None
+        rounds: list[int] = []
         if plan is not None:
             with tl.phase("the replay's shadow store opened (its ZooKeeper, its leases)"):
                 run = ReplayRun(spark, plan, code=code, zk=shadow_zk, injectors=injectors, write_path="auto",
@@ -180,8 +182,9 @@ def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, p
                     say(f"catching up before the hand-over: {len(plan.batches)} live batches the replay has not run")
                 run.run(plan.batches, commits)
                 run.finish(plan.to_version)  # its executor started: a catch-up under the leases only runs batches
+                commits, rounds = _close_gap(spark, store, computation, run, commits, say)
         seen = commits[-1].version if commits else -1
-        caught: list[int] = [len(plan.batches)] if plan is not None else [0]
+        caught: list[int] = [len(plan.batches), *rounds] if plan is not None else [0]
 
         def build(held: Held) -> list[KeyRow]:
             # the leases are held: no live commit of these intervals can land until they are given back
@@ -216,6 +219,43 @@ def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, p
                                                           "replayed_intervals": m.get("intervals"),
                                                           "replayed_keys": m.get("keys")}))
     return result
+
+
+def close_gap(fetch: Callable[[], Sequence[ComputationCommit]], reached: Callable[[], int],
+              catch_up: Callable[[Sequence[ComputationCommit]], None], *, near: int = 1,
+              rounds: int = 5) -> list[int]:
+    """Catch up on the live commits past ``reached()`` while more than ``near`` are behind and fewer
+    than in the round before; returns each round's count. The live stage keeps committing meanwhile;
+    what is left is caught up under the leases, while it pauses: at most one round's worth, or the
+    whole gap if the live stage outruns the replay."""
+    done: list[int] = []
+    while len(done) < rounds:
+        todo = behind(fetch(), reached())
+        if len(todo) <= near or (done and len(todo) >= done[-1]):
+            break
+        catch_up(todo)
+        done.append(len(todo))
+    return done
+
+
+def _close_gap(spark: Any, store: StoreLayout, computation: str, run: ReplayRun,
+               commits: Sequence[ComputationCommit], say: Callable[[str], None]
+               ) -> tuple[list[ComputationCommit], list[int]]:
+    """:func:`close_gap` on the live store: the live commits known at the end, and the rounds' counts."""
+    known = list(commits)
+
+    def fetch() -> list[ComputationCommit]:
+        known.extend(commits_since(spark, store, computation, after=known[-1].version if known else -1))
+        return known
+
+    def catch_up(todo: Sequence[ComputationCommit]) -> None:
+        batches = commits_after(known, int(run.marker["reached"]))
+        say(f"catching up before the hand-over: {len(batches)} live batches that landed meanwhile")
+        run.check(known, batches)
+        run.run(batches, known)
+        run.finish(known[-1].version)
+
+    return known, close_gap(fetch, lambda: int(run.marker["reached"]), catch_up)
 
 
 def _no_seed() -> None:

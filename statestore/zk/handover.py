@@ -70,11 +70,7 @@ def request_handover(client: KazooClient, *, pipeline: str, computation: str, in
 
 
 def read_handover(client: KazooClient, pipeline: str, computation: str) -> HandoverRequest | None:
-    """The open request for ``computation`` (None: none).
-
-    Raises:
-        CodecError: the znode holds something else (or a newer format).
-    """
+    """The open request for ``computation`` (None: none); :class:`CodecError`: not one (or newer)."""
     path = handover_path(pipeline, computation)
     try:
         data, _ = client.get(path)

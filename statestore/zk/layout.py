@@ -1,7 +1,6 @@
-"""The ZooKeeper layout version: a ``/layout`` znode below the chroot.
+"""The ZooKeeper layout version: a ``/layout`` znode below the chroot; a newer one is refused.
 
-ZooKeeper SUSPENDED / LOST: single kazoo calls, neither paused nor retried; a repeat finishes
-what a cut-off call began. A newer layout is refused, never rewritten."""
+ZooKeeper SUSPENDED / LOST: plain kazoo calls; a repeat finishes what a cut-off call began."""
 
 from __future__ import annotations
 

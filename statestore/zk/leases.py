@@ -240,9 +240,8 @@ class LeaseManager:
                                      "by this instance; acquire it first")
 
     def await_settled(self, timeout_s: float | None = None) -> bool:
-        """Wait until CONNECTED with no lease being re-verified; False if still not after ``timeout_s``.
-
-        ``timeout_s`` defaults to twice the session timeout plus 5 s."""
+        """Wait until CONNECTED with no lease being re-verified; False if still not after ``timeout_s``
+        (default: twice the session timeout plus 5 s)."""
         if timeout_s is None:
             timeout_s = 2 * session_timeout_s(self._client) + 5.0
         deadline = time.monotonic() + timeout_s
@@ -257,10 +256,8 @@ class LeaseManager:
 
     def await_valid(self, computation: str, intervals: Iterable[int], *, max_pause_s: float | None = None,
                     log_every_s: float = 30.0) -> float:
-        """Check the leases of ``intervals`` before a commit; *pause* while they are in doubt.
-
-        Logs when the pause starts, every ``log_every_s`` and when it ends; probes for lost data
-        (``refusal.py``). ``max_pause_s``: default, the manager's. Returns the seconds paused.
+        """Check the leases of ``intervals`` before a commit; *pause* while they are in doubt, logging
+        every ``log_every_s`` (:class:`.watermarks.pause.Pause`). Returns the seconds paused.
 
         Raises:
             LeaseLostError: a lease is lost (e.g. the session expired during the pause).

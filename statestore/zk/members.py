@@ -1,13 +1,6 @@
-"""The live job instances of a pipeline, the intervals each should hold, and operator moves.
-
-Connection states: a member znode is EPHEMERAL (a LOST session leaves); while SUSPENDED an instance
-acts only through :class:`LeaseManager`, which refuses. Layout below the client's chroot::
-
-    /pipelines/{p}/members/{instance}         EPHEMERAL, {"format_version": 1, "instance": ..., "joined_ms": ...}
-    /pipelines/{p}/moves/{computation}        PERSISTENT, a move request (:func:`request_move`)
-
-The target is :func:`assign` over the live members, unless a move request names only live ones.
-"""
+"""The live job instances of a pipeline (EPHEMERAL ``members/{instance}``), the intervals each should
+hold, and operator moves (PERSISTENT ``moves/{computation}``). A LOST session leaves; while SUSPENDED
+an instance acts only through :class:`LeaseManager`, which refuses. docs/operations.md has the layout."""
 
 from __future__ import annotations
 
@@ -77,11 +70,7 @@ def request_move(client: KazooClient, pipeline: str, computation: str,
 
 
 def read_move(client: KazooClient, pipeline: str, computation: str) -> dict[str, tuple[int, ...]] | None:
-    """The move request for ``computation`` (None: none).
-
-    Raises:
-        CodecError: the znode holds something else (or a newer format).
-    """
+    """The move request for ``computation`` (None: none); :class:`CodecError`: not one (or newer)."""
     try:
         data, _ = client.get(_move(pipeline, computation))
     except NoNodeError:

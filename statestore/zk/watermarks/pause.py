@@ -1,8 +1,6 @@
-"""How a watermark call waits for ZooKeeper: paused while it does not serve, repeated after a drop.
-
-ZooKeeper SUSPENDED / LOST: while SUSPENDED a call *pauses* as commits do, up to ``max_pause_s``
-(then :class:`LeaseSuspendedError`); a call cut off by a drop is repeated from its reads. A write
-under lease sequencers whose session was LOST raises :class:`LeaseLostError`."""
+"""How a call waits for ZooKeeper: *paused* while SUSPENDED, up to ``max_pause_s`` (then
+:class:`LeaseSuspendedError`), repeated from its reads after a drop; a write under lease
+sequencers whose session was LOST raises :class:`LeaseLostError`."""
 
 from __future__ import annotations
 

@@ -49,11 +49,8 @@ class Reader:
         return self.inputs_of(computation, (), num_intervals, what=f"reading oldest work of {computation}")[1]
 
     def low_watermark(self, computation: str, *, topology: Topology | None = None) -> int | None:
-        """The low watermark as MillWheel computes it (``topology``: as the caller just read it).
-
-        Raises:
-            ConfigError: ``computation`` is not declared, or the topology has a cycle.
-        """
+        """The low watermark as MillWheel computes it (``topology``: as the caller just read it);
+        :class:`ConfigError`: not declared, or the topology has a cycle."""
         topo = topology if topology is not None else self.topology(computation)
         if topo is None:
             raise ConfigError(f"{self._znodes.pipeline}/{computation} is not declared; declare() it with its "
@@ -107,12 +104,8 @@ class Reader:
         return self._rounds.connection.resilient(what, read)  # type: ignore[no-any-return]
 
     def snapshot(self) -> dict[str, Any]:
-        """Every watermark of the pipeline, for the CLI and for inspection.
-
-        Returns:
-            ``{"pipeline", "injectors": {name: {...}}, "computations": {name: {declared, upstream,
-            num_intervals, intervals, low_watermark_ms, published_low_watermark_ms}}}``.
-        """
+        """Every watermark of the pipeline: ``{"pipeline", "injectors": {name: {...}}, "computations":
+        {name: {declared, upstream, num_intervals, intervals, low_watermark_ms, published_low_watermark_ms}}}``."""
         znodes, rounds = self._znodes, self._rounds
         rounds.connection.connected("reading the watermarks")
         with zk_call("reading the watermarks"):

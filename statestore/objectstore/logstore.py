@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from ..exceptions import ConfigError
 from ..jars import compile_jar
+from .s3a import set_hadoop
 
 __all__ = ["ZK_LOG_STORE_CLASS", "DIRECT_CHECKPOINT_MANAGER_CLASS", "ensure_zk_log_store_jar",
            "ensure_checkpoint_manager_jar", "configure_log_store", "hold_log_store", "log_store_settings",
@@ -50,21 +51,7 @@ def log_store_settings(hosts: str, *, chroot: str = "/deltawheel", digest: str |
 def configure_log_store(spark: Any, hosts: str, *, chroot: str = "/deltawheel", digest: str | None = None) -> None:
     """Point a running session's log store at ZooKeeper ``hosts`` (the same for all of a table's writers)."""
     # a digest set by an earlier call must not outlive it
-    _apply(spark, {DIGEST_KEY: None, **log_store_settings(hosts, chroot=chroot, digest=digest)})
-
-
-def _apply(spark: Any, values: dict[str, str | None]) -> None:
-    """Set each key on the session and its Hadoop configuration (None: unset it)."""
-    from ..delta.jvm import jcontext
-
-    conf = jcontext(spark).hadoopConfiguration()
-    for k, v in values.items():
-        if v is None:
-            spark.conf.unset(k)
-            conf.unset(k)
-        else:
-            spark.conf.set(k, v)
-            conf.set(k, v)
+    set_hadoop(spark, {DIGEST_KEY: None, **log_store_settings(hosts, chroot=chroot, digest=digest)})
 
 
 @dataclass
@@ -116,6 +103,6 @@ def hold_log_store(spark: Any, hosts: str, *, chroot: str = "/deltawheel",
             held.count -= 1
             if held.count == 0 and _HOLDS.get(key) is held:
                 del _HOLDS[key]
-                _apply(spark, held.before)
+                set_hadoop(spark, held.before)
 
     return release

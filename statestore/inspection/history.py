@@ -404,8 +404,7 @@ def key_history(rows: TableFiles, *, computation: str, key: str, limit: int | No
 
 
 def store_key_history(layout: StoreLayout, *, computation: str, key: str, limit: int | None = None) -> History:
-    """:func:`key_history` of ``layout``'s rows table: a local, ``file:`` or ``s3a://`` store (its
-    endpoint and keys from the environment).
+    """:func:`key_history` of a local, ``file:`` or ``s3a://`` store (endpoint and keys from the environment).
 
     Raises:
         ConfigError: ``limit`` < 1, or a store of another scheme.

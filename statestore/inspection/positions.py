@@ -76,12 +76,9 @@ def computation_commits(spark: Any, layout: StoreLayout, computation: str) -> li
     Raises:
         NotAStoreError: the store has no rows table.
     """
-    out: list[ComputationCommit] = []
-    for r in _history(spark, layout):
-        c = _commit(int(r["version"]), int(r["timestamp"].timestamp() * 1000), r["userMetadata"], computation)
-        if c is not None:
-            out.append(c)
-    return out
+    return [c for r in _history(spark, layout)
+            if (c := _commit(int(r["version"]), int(r["timestamp"].timestamp() * 1000), r["userMetadata"],
+                             computation)) is not None]
 
 
 def commits_since(spark: Any, layout: StoreLayout, computation: str, *, after: int) -> list[ComputationCommit]:
@@ -97,12 +94,8 @@ def commits_since(spark: Any, layout: StoreLayout, computation: str, *, after: i
     infos = None if files is None else commit_infos(files, after=after)
     if infos is None:
         return [c for c in computation_commits(spark, layout, computation) if c.version > after]
-    out = []
-    for v, info in infos:
-        c = _commit(v, int(info.get("timestamp") or 0), info.get("userMetadata"), computation)
-        if c is not None:
-            out.append(c)
-    return out
+    return [c for v, info in infos
+            if (c := _commit(v, int(info.get("timestamp") or 0), info.get("userMetadata"), computation)) is not None]
 
 
 def _commit(version: int, timestamp_ms: int, user_metadata: object, computation: str) -> ComputationCommit | None:
@@ -142,6 +135,11 @@ def position_at(commits: Sequence[ComputationCommit], version: int) -> frozenset
     return frozenset(out)
 
 
+def _inside(c: ComputationCommit, version: int | None, to_version: int | None) -> bool:
+    """``c`` is after ``version`` (None: the start) and not after ``to_version`` (None: the end)."""
+    return (version is None or c.version > version) and (to_version is None or c.version <= to_version)
+
+
 def commits_after(commits: Sequence[ComputationCommit], version: int | None, *,
                   to_version: int | None = None) -> list[ComputationCommit]:
     """The batch commits a replay from ``version`` (None: the start) up to ``to_version`` re-runs.
@@ -151,7 +149,7 @@ def commits_after(commits: Sequence[ComputationCommit], version: int | None, *,
     """
     out = []
     for c in commits:
-        if (version is not None and c.version <= version) or (to_version is not None and c.version > to_version):
+        if not _inside(c, version, to_version):
             continue
         if not c.replayable:
             h = replay_horizon(commits)
@@ -167,12 +165,9 @@ def commits_after(commits: Sequence[ComputationCommit], version: int | None, *,
 def outside_commit_ids(commits: Sequence[ComputationCommit], version: int | None, *,
                        to_version: int | None = None) -> frozenset[str]:
     """The commit ids outside ``(version, to_version]`` whose batch id a commit inside has too (a flush's)."""
-    def inside(c: ComputationCommit) -> bool:
-        return (version is None or c.version > version) and (to_version is None or c.version <= to_version)
-
-    ids = {c.batch_id for c in commits if c.reruns and inside(c)}
+    ids = {c.batch_id for c in commits if c.reruns and _inside(c, version, to_version)}
     return frozenset(str(c.meta["commit_id"]) for c in commits
-                     if c.batch_id in ids and not inside(c) and c.meta.get("commit_id"))
+                     if c.batch_id in ids and not _inside(c, version, to_version) and c.meta.get("commit_id"))
 
 
 def tool_changes(commits: Sequence[ComputationCommit], version: int | None, *,
@@ -180,8 +175,7 @@ def tool_changes(commits: Sequence[ComputationCommit], version: int | None, *,
     """The tools' commits after ``version`` (None: the start) up to ``to_version``: not in a replay."""
     return [ToolChange(c.version, str(c.meta.get("tool")), None if c.meta.get("audit_id") is None
                        else str(c.meta["audit_id"]))
-            for c in commits if c.meta.get("tool") and (version is None or c.version > version)
-            and (to_version is None or c.version <= to_version)]
+            for c in commits if c.meta.get("tool") and _inside(c, version, to_version)]
 
 
 def version_at_timestamp(spark: Any, layout: StoreLayout, timestamp_ms: int) -> int:

@@ -69,7 +69,11 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: s
     """Format query results (``rows``: tuples or ``pyspark.sql.Row``) as ``fmt``: ``table`` (aligned,
     NULL as ``NULL``, a ``(N rows)`` footer), ``csv`` (RFC 4180 with a header, NULL empty, binary
     base64) or ``json`` (JSON Lines). ``total``: the row count when ``rows`` are the first of them;
-    ``cut``: ``table`` cuts cells longer than 60 characters. :class:`ConfigError`: unknown ``fmt``."""
+    ``cut``: ``table`` cuts cells longer than 60 characters.
+
+    Raises:
+        ConfigError: unknown ``fmt``.
+    """
     if fmt in ("csv", "json"):
         buf = io.StringIO()
         _write_rows(columns, rows, buf, fmt)

@@ -42,8 +42,11 @@ class StoreViews:
 
     ``as_of`` (:func:`.asof.resolve_as_of`): every view reads its table at that version (a table
     without one gets no view, the side tables an empty one). ``rows_source``: SQL naming a relation
-    with the rows table's columns, read in its place. :class:`ConfigError`: a stream table is named
-    like a built-in view."""
+    with the rows table's columns, read in its place.
+
+    Raises:
+        ConfigError: a stream table is named like a built-in view (when constructed).
+    """
 
     def __init__(self, spark: Any, layout: StoreLayout, *, allow_pickle: bool = False,
                  as_of: AsOf | None = None, rows_source: str | None = None) -> None:
@@ -242,5 +245,9 @@ class StoreViews:
 def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = False,
                    as_of: AsOf | None = None) -> list[str]:
     """Register every view of the store and ``dw_decode``; a missing table gets none (side tables: empty).
-    Returns the views' names, built-in ones first; :class:`ConfigError`: a stream named like one."""
+    Returns the views' names, built-in ones first, then streams.
+
+    Raises:
+        ConfigError: a stream table is named like a built-in view.
+    """
     return StoreViews(spark, layout, allow_pickle=allow_pickle, as_of=as_of).ensure_all()

@@ -70,7 +70,11 @@ def request_handover(client: KazooClient, *, pipeline: str, computation: str, in
 
 
 def read_handover(client: KazooClient, pipeline: str, computation: str) -> HandoverRequest | None:
-    """The open request for ``computation`` (None: none); :class:`CodecError`: not one (or newer)."""
+    """The open request for ``computation`` (None: none).
+
+    Raises:
+        CodecError: the znode holds something else (or a newer format).
+    """
     path = handover_path(pipeline, computation)
     try:
         data, _ = client.get(path)

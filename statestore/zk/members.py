@@ -70,7 +70,11 @@ def request_move(client: KazooClient, pipeline: str, computation: str,
 
 
 def read_move(client: KazooClient, pipeline: str, computation: str) -> dict[str, tuple[int, ...]] | None:
-    """The move request for ``computation`` (None: none); :class:`CodecError`: not one (or newer)."""
+    """The move request for ``computation`` (None: none).
+
+    Raises:
+        CodecError: the znode holds something else (or a newer format).
+    """
     try:
         data, _ = client.get(_move(pipeline, computation))
     except NoNodeError:

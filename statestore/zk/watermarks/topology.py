@@ -50,7 +50,11 @@ class Topology:
 
     @classmethod
     def from_payload(cls, data: bytes) -> Topology:
-        """Decode :meth:`to_payload` output; :class:`CodecError`: damaged, or of a newer deltawheel."""
+        """Decode :meth:`to_payload` output.
+
+        Raises:
+            CodecError: damaged, or written by a newer deltawheel.
+        """
         raw = decode(data, "topology")
         try:
             return cls(tuple(str(u) for u in raw["upstream"]), int(raw["num_intervals"]))

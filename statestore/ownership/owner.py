@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Callable, Iterable, Mapping
 
 from kazoo.exceptions import NoNodeError
@@ -109,10 +110,8 @@ class IntervalOwner:
                                  f"just granted {g.sequencer} and knows no grant above {nxt[iv] - 1}")
         if found:
             if unbound_fences is not None:  # the binding this owner created is not ours to keep
-                try:
+                with suppress(NoNodeError):
                     self.leases.zk_client.delete(store_path(pipeline))
-                except NoNodeError:
-                    pass
                 self._bound = False
             raise CoordinatorStateLostError(
                 f"ZooKeeper lost the coordination state of pipeline {pipeline!r} (wiped, or restored from an "

@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import tempfile
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -275,7 +276,5 @@ def _object_store_conf() -> dict[str, str]:
 
 
 def _remove_if_empty(path: Path) -> None:
-    try:
+    with suppress(OSError):  # not there, or a user put tables in it: leave it
         path.rmdir()
-    except OSError:  # not there, or a user put tables in it: leave it
-        pass

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from contextlib import suppress
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -78,13 +79,11 @@ def list_leases(client: KazooClient, *, pipeline: str | None = None) -> list[dic
                 row: dict[str, Any] = {"pipeline": p, "computation": c, "interval": int(name), "owner": None,
                                        "instance": None, "sequencer": None, "session": None, "granted_ms": None,
                                        "last_sequencer": int(grants[-1].rsplit("g-", 1)[1]) if grants else None}
-                try:
+                with suppress(NoNodeError):
                     data, stat = client.get(f"{base}/owner")
                     raw = decode_lease(data)
                     row.update(owner=raw.get("owner"), instance=raw.get("instance"), sequencer=raw.get("sequencer"),
                                session=f"0x{stat.ephemeralOwner:x}", granted_ms=raw.get("granted_ms"))
-                except NoNodeError:
-                    pass
                 out.append(row)
     return out
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import suppress
 from typing import Any, Mapping, Sequence
 
 from kazoo.client import KazooClient
@@ -127,11 +128,9 @@ class Membership:
         payload = json.dumps({"format_version": MEMBER_FORMAT_VERSION, "instance": self.instance,
                               "joined_ms": int(time.time() * 1000)}).encode()
         while True:
-            try:
+            with suppress(NodeExistsError):
                 self.client.create(self.path, payload, ephemeral=True, makepath=True, acl=self.acls)
                 return
-            except NodeExistsError:
-                pass
             stat = self.client.exists(self.path)
             if stat is None:
                 continue
@@ -146,10 +145,8 @@ class Membership:
 
     def leave(self) -> None:
         """Delete the member znode (gone already: nothing to do)."""
-        try:
+        with suppress(NoNodeError):
             self.client.delete(self.path)
-        except NoNodeError:
-            pass
 
 
 def parse_assign(items: list[str]) -> dict[str, tuple[int, ...]]:

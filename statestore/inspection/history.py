@@ -358,21 +358,14 @@ def walk_history(rows: TableFiles, *, computation: str | None = None, keys: froz
 def computations(rows: TableFiles) -> set[str]:
     """The computations the rows table's log ever named in a partition (an add or a remove)."""
     log, names, _m = _log(rows)
-    found: set[str] = set()
+    bodies = []
     for v in _commit_versions(names):
-        text = log.read_text(f"{v:020d}.json") or ""
-        for line in text.splitlines():
+        for line in (log.read_text(f"{v:020d}.json") or "").splitlines():
             if '"partitionValues"' in line:
                 act = json.loads(line)
-                body = act.get("add") or act.get("remove") or {}
-                c = (body.get("partitionValues") or {}).get("computation")
-                if c:
-                    found.add(str(c))
-    start, cp_actions, _v = _start(log, names)
-    for kind, a in cp_actions:
-        if kind == "add" and (a.get("partitionValues") or {}).get("computation"):
-            found.add(str(a["partitionValues"]["computation"]))
-    return found
+                bodies.append(act.get("add") or act.get("remove") or {})
+    bodies += [a for kind, a in _start(log, names)[1] if kind == "add"]
+    return {str(c) for b in bodies if (c := (b.get("partitionValues") or {}).get("computation"))}
 
 
 def key_history(rows: TableFiles, *, computation: str, key: str, limit: int | None = None) -> History:

@@ -1,8 +1,5 @@
-"""Rows-table versions -> input positions: what replay reads back from the commit log.
-
-Every batch commit records the input files it read (``rowtable/inputfiles.py``); a replay from V
-re-runs the commits after V. Commits that read no input are re-run by nothing: a tool's change is
-not in the replay (:func:`tool_changes`); claims change no user row and are skipped."""
+"""Rows-table versions -> input positions (``rowtable/inputfiles.py``): a replay from V re-runs the
+batch commits after V; a tool's change is in no replay (:func:`tool_changes`), claims are skipped."""
 
 from __future__ import annotations
 
@@ -20,11 +17,9 @@ __all__ = ["ComputationCommit", "ToolChange", "computation_commits", "commits_si
 
 @dataclass(frozen=True, kw_only=True)
 class ComputationCommit:
-    """One commit of a computation to the rows table.
-
-    ``batch_id`` / ``files``: its recorded input positions (``files`` None: none recorded);
-    ``input_ms`` / ``late_ms``: the watermarks the batch acted on; ``kind``: ``batch``, ``claim``
-    or a tool's; ``kafka``: the Kafka offset ranges the batch read (start inclusive), if any."""
+    """One commit of a computation to the rows table: ``batch_id`` / ``files``, its input positions
+    (``files`` None: none recorded); ``input_ms`` / ``late_ms``, the watermarks the batch acted on;
+    ``kind``: ``batch``, ``claim`` or a tool's; ``kafka``: the offset ranges read (start inclusive)."""
 
     version: int
     timestamp_ms: int

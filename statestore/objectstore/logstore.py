@@ -1,8 +1,6 @@
-"""deltawheel's Delta log store for object-store tables: commits arbitrated by ZooKeeper.
-
-``ZkS3LogStore.java`` follows Delta's ``BaseExternalLogStore`` with a znode as the entry: whoever
-creates the entry for version N owns N. ZooKeeper SUSPENDED / LOST: its Curator client retries;
-a commit that cannot create its entry fails with nothing committed. Entries are persistent."""
+"""deltawheel's Delta log store for object-store tables: ``ZkS3LogStore.java``, Delta's
+``BaseExternalLogStore`` with a persistent znode as the entry (whoever creates version N's owns N).
+ZooKeeper SUSPENDED / LOST: its Curator client retries; a commit without its entry fails whole."""
 
 from __future__ import annotations
 
@@ -72,8 +70,7 @@ def hold_log_store(spark: Any, hosts: str, *, chroot: str = "/deltawheel",
 
     Raises:
         ConfigError: another open engine or runner of this Spark application arbitrates through
-            other settings. The log store is one per application, and a table whose writers use
-            two namespaces has no arbiter: both could write one version.
+            other settings (the log store is one per application: two namespaces, no arbiter).
     """
     want = log_store_settings(hosts, chroot=chroot, digest=digest)
     key = id(spark.sparkContext)

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ..exceptions import ConfigError
 from ..jars import fetch_maven_jar
 from .client import S3Endpoint
 
@@ -153,8 +154,6 @@ def endpoint_from_env(env: Mapping[str, str] | None = None) -> S3Endpoint | None
         return None
     access, secret = env.get(ENV_ACCESS_KEY), env.get(ENV_SECRET_KEY)
     if not access or not secret:
-        from ..exceptions import ConfigError
-
         raise ConfigError(f"{ENV_ENDPOINT} is set but {ENV_ACCESS_KEY} or {ENV_SECRET_KEY} is not: set both "
                           "('deltawheel objectstore status' prints the local server's)")
     return S3Endpoint(url=url, access_key=access, secret_key=secret)
@@ -183,10 +182,8 @@ def files_from_env(uri: str, env: Mapping[str, str] | None = None) -> TableFiles
     """
     from ..delta.storefs import S3Settings, files_for
 
-    if not uri.startswith("s3a://"):
-        return files_for(uri)
-    endpoint = endpoint_from_env(env)
-    bucket = bucket_of(uri) or ""
+    endpoint = endpoint_from_env(env) if uri.startswith("s3a://") else None
     if endpoint is None:
         return files_for(uri)
+    bucket = bucket_of(uri) or ""
     return files_for(uri, S3Settings.from_hadoop(s3a_settings(endpoint, bucket).get, bucket))

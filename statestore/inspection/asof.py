@@ -1,8 +1,6 @@
-"""``sql --as-of``: which version of each of a store's tables the views read.
-
-One instant for every table, so a join sees one consistent past: ``--as-of TIMESTAMP`` takes each
-table's newest version committed by then (naive: UTC); ``--as-of VERSION`` the rows table's
-version and every other table as of its commit time. A table with no version by then has no view."""
+"""``sql --as-of``: which version of each of a store's tables the views read, one instant for all:
+each table's newest version committed by ``TIMESTAMP`` (naive: UTC), or by the commit of the rows
+table's ``VERSION``. A table with no version by then has no view."""
 
 from __future__ import annotations
 

@@ -63,7 +63,6 @@ def audit_gap(spark: Any, layout: StoreLayout, *, after_version: int | None = No
             commits = [(v, int(i.get("timestamp") or 0), i.get("userMetadata")) for v, i in infos]
             read = len(infos)
     if commits is None:  # every commit's commitInfo opened
-
         hist = spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}`").select("version", "timestamp",
                                                                            "userMetadata").collect()
         commits = [(int(r["version"]), int(r["timestamp"].timestamp() * 1000), r["userMetadata"]) for r in hist

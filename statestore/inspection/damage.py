@@ -17,7 +17,6 @@ from ..writepath.streams import list_streams
 __all__ = ["check_log", "check_store"]
 
 _VERSIONED = re.compile(r"^(\d{20})\.(json|crc|checkpoint\..*)$")
-_DOC = DAMAGE_DOC
 
 
 def check_log(path: str, *, table: str) -> int | None:
@@ -60,13 +59,13 @@ def check_log(path: str, *, table: str) -> int | None:
             f"the {table} table ({path}) is damaged: its log ends at version {newest}, but Delta's own files "
             f"show commit {marked} was made (expected at least version {marked}, found {newest}): "
             f"{marked:020d}.json is missing from {log}. Nothing was written. Restore the missing commit(s) "
-            f"from a backup of the store before running anything on it ({_DOC})")
+            f"from a backup of the store before running anything on it ({DAMAGE_DOC})")
     after = [v for v in jsons if v > cp]
     missing = sorted(set(range(cp + 1, newest + 1)) - set(after))
     if missing:
         raise StoreDamagedError(
             f"the {table} table ({path}) is damaged: commit(s) {missing} are missing from {log} between "
-            f"version {cp} and {newest}. Nothing was written. Restore them from a backup of the store ({_DOC})")
+            f"version {cp} and {newest}. Nothing was written. Restore them from a backup of the store ({DAMAGE_DOC})")
     for v in after:
         file = os.path.join(log, f"{v:020d}.json")
         with open(file, encoding="utf-8") as fh:
@@ -104,4 +103,4 @@ def check_store(layout: StoreLayout) -> None:
                 f"productions of rows commit {v} (delivery {app}), but the rows table ends at version {rows} "
                 f"(expected at least version {v}, found {rows}): commit(s) of the rows table were lost and the "
                 f"state they held with them. Nothing was written. Restore {rows + 1:020d}.json .. "
-                f"{v:020d}.json into {layout.rows}/_delta_log from a backup of the store ({_DOC})")
+                f"{v:020d}.json into {layout.rows}/_delta_log from a backup of the store ({DAMAGE_DOC})")

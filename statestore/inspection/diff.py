@@ -5,6 +5,7 @@ Key by key (state, timers, pending productions; not record ids), and productions
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, Collection
@@ -21,10 +22,8 @@ SAMPLE = 5  # samples per kind of difference
 
 @dataclass(frozen=True, kw_only=True)
 class StoreDiff:
-    """The difference of one computation between store A and store B.
-
-    ``counts``: kind (``added``, ``timers``, ``productions_only_a``, ...) -> keys or productions;
-    ``samples``: kind -> up to :data:`SAMPLE` decoded examples; ``notes``: what explains a difference."""
+    """The difference of one computation between store A and store B: per kind (``added``, ``timers``,
+    ``productions_only_a``, ...) its ``counts`` and :data:`SAMPLE` decoded ``samples``; ``notes``: why."""
 
     computation: str
     store_a: str
@@ -42,9 +41,8 @@ class StoreDiff:
 
     def to_json(self) -> str:
         """The diff as a JSON document (``--diff-out``)."""
-        return json.dumps({"computation": self.computation, "store_a": self.store_a, "store_b": self.store_b,
-                           "version_a": self.version_a, "version_b": self.version_b, "empty": self.empty,
-                           "counts": self.counts, "samples": self.samples, "notes": list(self.notes)}, indent=2, sort_keys=True, default=str)
+        return json.dumps({**dataclasses.asdict(self), "notes": list(self.notes), "empty": self.empty},
+                          indent=2, sort_keys=True, default=str)
 
 
 STATE_KINDS = ("added", "removed", "changed", "timers", "pending")
@@ -227,9 +225,8 @@ def diff_stores(spark: Any, a: StoreLayout, b: StoreLayout, computation: str, *,
     Args:
         version_a: store A as of this version (None: newest); ``version_b`` likewise.
         intervals: only those (of ``num_intervals``); ``keys``, ``batch_ids``: only those.
-        exclude_commits: commit ids whose productions are left out (a flush shares its batch id
-            with the query's next micro-batch).
-        seed_version: B is a replay seeded from A at this version; in ``seed_intervals`` B's rows
+        exclude_commits: commit ids whose productions are left out (a flush's).
+        seed_version: B is a replay seeded from A at this version: in ``seed_intervals`` B's rows
             without pending are compared with A's pending as of it.
 
     Raises:

@@ -46,8 +46,7 @@ def read_columns(path: str, columns: list[str], *, spark: Any = None) -> list[di
 
 
 def state_sizes(layout: StoreLayout, spark: Any) -> dict[str, dict[str, int]]:
-    """Per computation: ``keys`` (user keys), ``rows`` (all, fence and ids rows too), ``bytes``, ``files``
-    (0 when Spark counted)."""
+    """Per computation: ``keys`` (user keys), ``rows`` (fence and ids rows too), ``bytes``, ``files`` (0: Spark counted)."""
     import pyarrow.compute as pc
 
     out: dict[str, dict[str, int]] = {}

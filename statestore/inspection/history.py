@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from ..delta.checkpoints import CHECKPOINT_NAME, checkpoint_actions, newest_checkpoint
+from ..delta.deletionvectors import deleted_rows
 from ..delta.log import _commit_versions, damaged_entry
 from ..delta.storefs import TableFiles
 from ..delta.txn import decode_path
@@ -24,7 +25,6 @@ from ..exceptions import (
 )
 from ..layout import StoreLayout
 from ..rowtable.rows import IDS_KEY_PREFIX, KeyRow, is_user_key
-from .deletionvectors import deleted_rows
 
 __all__ = ["Commit", "Change", "History", "walk_history", "key_history", "store_key_history", "HISTORY_COLUMNS"]
 
@@ -89,10 +89,7 @@ class _Table:
         try:
             return pq.ParquetFile(self.files.path(decode_path(path)), filesystem=self.files.fs)
         except FileNotFoundError:
-            raise VersionNotFoundError(
-                f"the data file {path} of an old version of {self.files.root} is gone (vacuumed: deltawheel gc "
-                "--vacuum-retain-hours): the versions before the vacuum can no longer be read. Read the history "
-                "of a store whose old files are kept, or raise the retention before the next gc") from None
+            raise self._vacuumed(f"the data file {path}") from None
 
     def _key_column(self, path: str) -> list[str]:
         """The ``key`` column of a file (read once while the file is live)."""
@@ -149,12 +146,14 @@ class _Table:
                 if dv.get("storageType") != "u" or not isinstance(exc.__cause__, FileNotFoundError):
                     raise
                 # a later commit's cumulative vector replaced this file, and VACUUM removed it
-                raise VersionNotFoundError(
-                    f"the deletion vector file of {path} in an old version of {self.files.root} is gone "
-                    "(vacuumed: deltawheel gc --vacuum-retain-hours): the versions before the vacuum can no "
-                    "longer be read. Read the history of a store whose old files are kept, or raise the "
-                    "retention before the next gc") from None
+                raise self._vacuumed(f"the deletion vector file of {path}") from None
         return got
+
+    def _vacuumed(self, what: str) -> VersionNotFoundError:
+        return VersionNotFoundError(
+            f"{what} of an old version of {self.files.root} is gone (vacuumed: deltawheel gc --vacuum-retain-hours): "
+            "the versions before the vacuum can no longer be read. Read the history of a store whose old files "
+            "are kept, or raise the retention before the next gc")
 
     def forget(self, live: set[str]) -> None:
         """Drop what was read of files no longer live (a history of every key reads them all)."""
@@ -359,21 +358,14 @@ def walk_history(rows: TableFiles, *, computation: str | None = None, keys: froz
 def computations(rows: TableFiles) -> set[str]:
     """The computations the rows table's log ever named in a partition (an add or a remove)."""
     log, names, _m = _log(rows)
-    found: set[str] = set()
+    bodies = []
     for v in _commit_versions(names):
-        text = log.read_text(f"{v:020d}.json") or ""
-        for line in text.splitlines():
+        for line in (log.read_text(f"{v:020d}.json") or "").splitlines():
             if '"partitionValues"' in line:
                 act = json.loads(line)
-                body = act.get("add") or act.get("remove") or {}
-                c = (body.get("partitionValues") or {}).get("computation")
-                if c:
-                    found.add(str(c))
-    start, cp_actions, _v = _start(log, names)
-    for kind, a in cp_actions:
-        if kind == "add" and (a.get("partitionValues") or {}).get("computation"):
-            found.add(str(a["partitionValues"]["computation"]))
-    return found
+                bodies.append(act.get("add") or act.get("remove") or {})
+    bodies += [a for kind, a in _start(log, names)[1] if kind == "add"]
+    return {str(c) for b in bodies if (c := (b.get("partitionValues") or {}).get("computation"))}
 
 
 def key_history(rows: TableFiles, *, computation: str, key: str, limit: int | None = None) -> History:
@@ -404,10 +396,8 @@ def key_history(rows: TableFiles, *, computation: str, key: str, limit: int | No
     return History(computation, key, tuple(newest[:limit] if limit else newest), max(start, 0), versions[-1])
 
 
-
 def store_key_history(layout: StoreLayout, *, computation: str, key: str, limit: int | None = None) -> History:
-    """:func:`key_history` of ``layout``'s rows table: a local, ``file:`` or ``s3a://`` store (its
-    endpoint and keys from the environment).
+    """:func:`key_history` of a local, ``file:`` or ``s3a://`` store (endpoint and keys from the environment).
 
     Raises:
         ConfigError: ``limit`` < 1, or a store of another scheme.

@@ -1,8 +1,5 @@
-"""Rows-table versions -> input positions: what replay reads back from the commit log.
-
-Every batch commit records the input files it read (``rowtable/inputfiles.py``); a replay from V
-re-runs the commits after V. Commits that read no input are re-run by nothing: a tool's change is
-not in the replay (:func:`tool_changes`); claims change no user row and are skipped."""
+"""Rows-table versions -> input positions (``rowtable/inputfiles.py``): a replay from V re-runs the
+batch commits after V; a tool's change is in no replay (:func:`tool_changes`), claims are skipped."""
 
 from __future__ import annotations
 
@@ -20,11 +17,9 @@ __all__ = ["ComputationCommit", "ToolChange", "computation_commits", "commits_si
 
 @dataclass(frozen=True, kw_only=True)
 class ComputationCommit:
-    """One commit of a computation to the rows table.
-
-    ``batch_id`` / ``files``: its recorded input positions (``files`` None: none recorded);
-    ``input_ms`` / ``late_ms``: the watermarks the batch acted on; ``kind``: ``batch``, ``claim``
-    or a tool's; ``kafka``: the Kafka offset ranges the batch read (start inclusive), if any."""
+    """One commit of a computation to the rows table: ``batch_id`` / ``files``, its input positions
+    (``files`` None: none recorded); ``input_ms`` / ``late_ms``, the watermarks the batch acted on;
+    ``kind``: ``batch``, ``claim`` or a tool's; ``kafka``: the offset ranges read (start inclusive)."""
 
     version: int
     timestamp_ms: int
@@ -76,12 +71,9 @@ def computation_commits(spark: Any, layout: StoreLayout, computation: str) -> li
     Raises:
         NotAStoreError: the store has no rows table.
     """
-    out: list[ComputationCommit] = []
-    for r in _history(spark, layout):
-        c = _commit(int(r["version"]), int(r["timestamp"].timestamp() * 1000), r["userMetadata"], computation)
-        if c is not None:
-            out.append(c)
-    return out
+    return [c for r in _history(spark, layout)
+            if (c := _commit(int(r["version"]), int(r["timestamp"].timestamp() * 1000), r["userMetadata"],
+                             computation)) is not None]
 
 
 def commits_since(spark: Any, layout: StoreLayout, computation: str, *, after: int) -> list[ComputationCommit]:
@@ -97,12 +89,8 @@ def commits_since(spark: Any, layout: StoreLayout, computation: str, *, after: i
     infos = None if files is None else commit_infos(files, after=after)
     if infos is None:
         return [c for c in computation_commits(spark, layout, computation) if c.version > after]
-    out = []
-    for v, info in infos:
-        c = _commit(v, int(info.get("timestamp") or 0), info.get("userMetadata"), computation)
-        if c is not None:
-            out.append(c)
-    return out
+    return [c for v, info in infos
+            if (c := _commit(v, int(info.get("timestamp") or 0), info.get("userMetadata"), computation)) is not None]
 
 
 def _commit(version: int, timestamp_ms: int, user_metadata: object, computation: str) -> ComputationCommit | None:
@@ -142,6 +130,11 @@ def position_at(commits: Sequence[ComputationCommit], version: int) -> frozenset
     return frozenset(out)
 
 
+def _inside(c: ComputationCommit, version: int | None, to_version: int | None) -> bool:
+    """``c`` is after ``version`` (None: the start) and not after ``to_version`` (None: the end)."""
+    return (version is None or c.version > version) and (to_version is None or c.version <= to_version)
+
+
 def commits_after(commits: Sequence[ComputationCommit], version: int | None, *,
                   to_version: int | None = None) -> list[ComputationCommit]:
     """The batch commits a replay from ``version`` (None: the start) up to ``to_version`` re-runs.
@@ -151,7 +144,7 @@ def commits_after(commits: Sequence[ComputationCommit], version: int | None, *,
     """
     out = []
     for c in commits:
-        if (version is not None and c.version <= version) or (to_version is not None and c.version > to_version):
+        if not _inside(c, version, to_version):
             continue
         if not c.replayable:
             h = replay_horizon(commits)
@@ -167,12 +160,9 @@ def commits_after(commits: Sequence[ComputationCommit], version: int | None, *,
 def outside_commit_ids(commits: Sequence[ComputationCommit], version: int | None, *,
                        to_version: int | None = None) -> frozenset[str]:
     """The commit ids outside ``(version, to_version]`` whose batch id a commit inside has too (a flush's)."""
-    def inside(c: ComputationCommit) -> bool:
-        return (version is None or c.version > version) and (to_version is None or c.version <= to_version)
-
-    ids = {c.batch_id for c in commits if c.reruns and inside(c)}
+    ids = {c.batch_id for c in commits if c.reruns and _inside(c, version, to_version)}
     return frozenset(str(c.meta["commit_id"]) for c in commits
-                     if c.batch_id in ids and not inside(c) and c.meta.get("commit_id"))
+                     if c.batch_id in ids and not _inside(c, version, to_version) and c.meta.get("commit_id"))
 
 
 def tool_changes(commits: Sequence[ComputationCommit], version: int | None, *,
@@ -180,8 +170,7 @@ def tool_changes(commits: Sequence[ComputationCommit], version: int | None, *,
     """The tools' commits after ``version`` (None: the start) up to ``to_version``: not in a replay."""
     return [ToolChange(c.version, str(c.meta.get("tool")), None if c.meta.get("audit_id") is None
                        else str(c.meta["audit_id"]))
-            for c in commits if c.meta.get("tool") and (version is None or c.version > version)
-            and (to_version is None or c.version <= to_version)]
+            for c in commits if c.meta.get("tool") and _inside(c, version, to_version)]
 
 
 def version_at_timestamp(spark: Any, layout: StoreLayout, timestamp_ms: int) -> int:

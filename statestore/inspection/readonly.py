@@ -21,9 +21,8 @@ _WRITE_MARKS = ("Insert", "Statement", "Restore", "Write", "Merge", "Update", "D
 
 
 def check_read_only(spark: Any, query: str) -> None:
-    """Refuse ``query`` unless it is a query or a SHOW, DESCRIBE or EXPLAIN command.
-
-    Decided on the plan the session's parser makes of it, not on its text.
+    """Refuse ``query`` unless the plan the session's parser makes of it is a query or a SHOW,
+    DESCRIBE or EXPLAIN command.
 
     Raises:
         ReadOnlySqlError: the statement would write (UPDATE, DELETE, MERGE, INSERT, CREATE, DROP,

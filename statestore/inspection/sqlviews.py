@@ -28,9 +28,6 @@ FORMATS = ("table", "csv", "json")
 _MAX_CELL = 60
 
 
-# --- formatting ---------------------------------------------------------------
-
-
 def _plain(value: Any) -> Any:
     """A query result value as something ``json.dumps`` accepts."""
     if isinstance(value, (dt.datetime, dt.date)):
@@ -69,13 +66,10 @@ def _cut(s: str) -> str:
 
 def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: str = "table",
                 total: int | None = None, cut: bool = True) -> str:
-    """Format query results (``rows``: tuples or ``pyspark.sql.Row``).
-
-    Args:
-        fmt: ``table`` (aligned, NULL as ``NULL``, a ``(N rows)`` footer), ``csv`` (a header line,
-            RFC 4180, NULL as an empty field, binary base64) or ``json`` (JSON Lines).
-        total: the query's row count when ``rows`` are only the first of them (the footer says so).
-        cut: ``table`` cuts cells longer than 60 characters (False: shows them whole).
+    """Format query results (``rows``: tuples or ``pyspark.sql.Row``) as ``fmt``: ``table`` (aligned,
+    NULL as ``NULL``, a ``(N rows)`` footer), ``csv`` (RFC 4180 with a header, NULL empty, binary
+    base64) or ``json`` (JSON Lines). ``total``: the row count when ``rows`` are the first of them;
+    ``cut``: ``table`` cuts cells longer than 60 characters.
 
     Raises:
         ConfigError: unknown ``fmt``.
@@ -156,10 +150,8 @@ def sql_frame(spark: Any, layout: StoreLayout, query: str, *, allow_pickle: bool
 def write_sql(spark: Any, layout: StoreLayout, query: str, out: TextIO, *, fmt: str = "table",
               max_rows: int | None = None, allow_pickle: bool = False, register: bool = True,
               number: int | None = None) -> SqlResult:
-    """Run ``query`` (:func:`sql_frame`) and write its rows to ``out`` in ``fmt`` (:func:`format_rows`).
-
-    ``table`` shows at most ``max_rows`` (default :data:`TABLE_MAX_ROWS`), the others every row
-    unless it is given. ``number``: the statement's number in a call of several.
+    """Run ``query`` (:func:`sql_frame`) and write its rows to ``out`` in ``fmt`` (:func:`format_rows`):
+    at most ``max_rows`` (``table``'s default :data:`TABLE_MAX_ROWS`); ``number``: the statement's.
 
     Raises:
         ConfigError: unknown ``fmt`` or ``max_rows`` < 1; and what :func:`sql_frame` raises.

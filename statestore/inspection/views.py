@@ -42,7 +42,7 @@ class StoreViews:
 
     ``as_of`` (:func:`.asof.resolve_as_of`): every view reads its table at that version (a table
     without one gets no view, the side tables an empty one). ``rows_source``: SQL naming a relation
-    with the rows table's columns, read in the table's place.
+    with the rows table's columns, read in its place.
 
     Raises:
         ConfigError: a stream table is named like a built-in view (when constructed).
@@ -89,8 +89,6 @@ class StoreViews:
         self.ensure(self.candidates())
         order = {n: i for i, n in enumerate(self.candidates())}
         return sorted(self.defined, key=order.__getitem__)
-
-    # ------------------------------------------------------------- defining
 
     def _decoder(self) -> None:
         if self._udf:
@@ -247,8 +245,7 @@ class StoreViews:
 def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = False,
                    as_of: AsOf | None = None) -> list[str]:
     """Register every view of the store and ``dw_decode``; a missing table gets none (side tables: empty).
-
-    Returns the names of the views registered, built-in ones first, then streams.
+    Returns the views' names, built-in ones first, then streams.
 
     Raises:
         ConfigError: a stream table is named like a built-in view.

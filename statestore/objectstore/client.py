@@ -12,6 +12,7 @@ from email.utils import formatdate
 
 from ..exceptions import (
     BucketMissingError,
+    ConfigError,
     ObjectStoreAuthError,
     ObjectStoreError,
     ObjectStoreUnreachableError,
@@ -32,8 +33,6 @@ class S3Endpoint:
     def __post_init__(self) -> None:
         parsed = urllib.parse.urlparse(self.url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            from ..exceptions import ConfigError
-
             raise ConfigError(f"object store endpoint {self.url!r} is not an http(s)://host:port URL; set it so "
                               "(e.g. http://127.0.0.1:9000; 'deltawheel objectstore status' prints the local server's)")
 

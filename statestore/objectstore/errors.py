@@ -39,26 +39,36 @@ def _chain(exc: BaseException) -> list[tuple[str, str]]:
     return out
 
 
+def _typed(kind: str, uri: str, detail: str, *, spark: bool) -> DeltaWheelError:
+    """The error of ``kind`` (``missing``, ``denied``, ``unreachable``) for ``uri``, naming the
+    settings to fix: Spark's Hadoop settings (``spark``), else deltawheel's environment variables."""
+    bucket = bucket_of(uri) or "?"
+    if kind == "missing":
+        return BucketMissingError(
+            f"bucket {bucket!r} of {uri} does not exist on the object store; create it (for the local server: "
+            f"'deltawheel objectstore create-bucket {bucket}') or fix {'the store URI' if spark else '--store'}")
+    if kind == "denied":
+        keys = (f"fs.s3a.access.key and fs.s3a.secret.key (or fs.s3a.bucket.{bucket}.*)" if spark
+                else "$DELTAWHEEL_S3_ACCESS_KEY and $DELTAWHEEL_S3_SECRET_KEY")
+        return ObjectStoreAuthError(
+            f"the object store refused the credentials for {uri} ({detail}): set {keys} to the store's identity "
+            "and credential ('deltawheel objectstore status' prints the local server's)")
+    endpoint = f"fs.s3a.endpoint (or fs.s3a.bucket.{bucket}.endpoint)" if spark else "$DELTAWHEEL_S3_ENDPOINT"
+    return ObjectStoreUnreachableError(f"no object store answers for {uri} ({detail}): start it ('deltawheel "
+                                       f"objectstore start' for the local server) or fix {endpoint}")
+
+
 def translate(exc: BaseException, uri: str) -> DeltaWheelError | None:
     """The typed error for ``exc`` raised while reaching ``uri`` (None: not an object-store failure)."""
     chain = _chain(exc)
     classes = [c for c, _ in chain]
     text = " ".join(m for _, m in chain) or str(exc)
-    bucket = bucket_of(uri) or "?"
     if any(c in _MISSING for c in classes) or "NoSuchBucket" in text or "UnknownStoreException" in text:
-        return BucketMissingError(
-            f"bucket {bucket!r} of {uri} does not exist on the object store; create it (for the local "
-            f"server: 'deltawheel objectstore create-bucket {bucket}') or fix the store URI")
+        return _typed("missing", uri, "", spark=True)
     if any(c in _DENIED for c in classes) or "Status Code: 403" in text or "AccessDeniedException" in text:
-        return ObjectStoreAuthError(
-            f"the object store refused the credentials for {uri} (HTTP 403): set fs.s3a.access.key and "
-            f"fs.s3a.secret.key (or fs.s3a.bucket.{bucket}.*) to the store's identity and credential "
-            "('deltawheel objectstore status' prints the local server's)")
+        return _typed("denied", uri, "HTTP 403", spark=True)
     if any(c in _UNREACHABLE for c in classes) or "Unable to execute HTTP request" in text:
-        return ObjectStoreUnreachableError(
-            f"no object store answers for {uri} ({chain[-1][1] if chain else text[:200]}): start it "
-            "('deltawheel objectstore start' for the local server) or fix fs.s3a.endpoint "
-            f"(or fs.s3a.bucket.{bucket}.endpoint)")
+        return _typed("unreachable", uri, chain[-1][1] if chain else text[:200], spark=True)
     return None
 
 
@@ -86,31 +96,19 @@ def probe_store(spark: Any, layout: StoreLayout) -> None:
 
 
 # pyarrow's S3 errors name the AWS error kind ("AWS Error ACCESS_DENIED during ListObjectsV2 ...")
-_PA_DENIED = ("ACCESS_DENIED", "SIGNATURE_DOES_NOT_MATCH", "INVALID_ACCESS_KEY_ID", "AccessDenied")
-_PA_UNREACHABLE = ("NETWORK_CONNECTION", "Couldn't connect", "curlCode", "UNKNOWN (HTTP status 0)")
+_PA_KINDS = {"missing": ("NO_SUCH_BUCKET", "NoSuchBucket"),
+             "denied": ("ACCESS_DENIED", "SIGNATURE_DOES_NOT_MATCH", "INVALID_ACCESS_KEY_ID", "AccessDenied"),
+             "unreachable": ("NETWORK_CONNECTION", "Couldn't connect", "curlCode", "UNKNOWN (HTTP status 0)")}
 
 
 def pyarrow_error(exc: OSError, root: str) -> DeltaWheelError:
     """The typed error for an object store that failed a read of ``root`` (pyarrow's ``OSError``)."""
     text = str(exc)
-    if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text:
-        return _bucket_missing(bucket_of(root) or "?", root)
-    if any(d in text for d in _PA_DENIED):
-        return ObjectStoreAuthError(
-            f"the object store refused the credentials for {root} ({text[:200]}): set $DELTAWHEEL_S3_ACCESS_KEY "
-            "and $DELTAWHEEL_S3_SECRET_KEY to the store's ('deltawheel objectstore status' prints the local "
-            "server's)")
-    if any(u in text for u in _PA_UNREACHABLE):
-        return ObjectStoreUnreachableError(
-            f"no object store answers for {root} ({text[:200]}): start it ('deltawheel objectstore start' for "
-            "the local server) or fix $DELTAWHEEL_S3_ENDPOINT")
-    return ObjectStoreError(f"reading {root} failed: {text}; check that the object store answers and "
-                            "$DELTAWHEEL_S3_ENDPOINT and its keys ('deltawheel objectstore status')")
-
-
-def _bucket_missing(bucket: str, root: str) -> BucketMissingError:
-    return BucketMissingError(f"bucket {bucket!r} of {root} does not exist on the object store; create it (for "
-                              f"the local server: 'deltawheel objectstore create-bucket {bucket}') or fix --store")
+    kind = next((k for k, marks in _PA_KINDS.items() if any(m in text for m in marks)), None)
+    if kind is None:
+        return ObjectStoreError(f"reading {root} failed: {text}; check that the object store answers and "
+                                "$DELTAWHEEL_S3_ENDPOINT and its keys ('deltawheel objectstore status')")
+    return _typed(kind, root, text[:200], spark=False)
 
 
 def check_bucket(files: Any, root: str) -> None:
@@ -119,10 +117,9 @@ def check_bucket(files: Any, root: str) -> None:
     prefix as empty, as it lists a missing folder."""
     from pyarrow import fs as pafs
 
-    bucket = files.root.split("/", 1)[0]
     try:
-        missing = files.fs.get_file_info(bucket).type == pafs.FileType.NotFound
+        missing = files.fs.get_file_info(files.root.split("/", 1)[0]).type == pafs.FileType.NotFound
     except OSError as exc:
         raise pyarrow_error(exc, root) from exc
     if missing:
-        raise _bucket_missing(bucket, root)
+        raise _typed("missing", root, "", spark=False)

@@ -1,8 +1,6 @@
-"""deltawheel's Delta log store for object-store tables: commits arbitrated by ZooKeeper.
-
-``ZkS3LogStore.java`` follows Delta's ``BaseExternalLogStore`` with a znode as the entry: whoever
-creates the entry for version N owns N. ZooKeeper SUSPENDED / LOST: its Curator client retries;
-a commit that cannot create its entry fails with nothing committed. Entries are persistent."""
+"""deltawheel's Delta log store for object-store tables: ``ZkS3LogStore.java``, Delta's
+``BaseExternalLogStore`` with a persistent znode as the entry (whoever creates version N's owns N).
+ZooKeeper SUSPENDED / LOST: its Curator client retries; a commit without its entry fails whole."""
 
 from __future__ import annotations
 
@@ -13,6 +11,7 @@ from typing import Any, Callable
 
 from ..exceptions import ConfigError
 from ..jars import compile_jar
+from .s3a import set_hadoop
 
 __all__ = ["ZK_LOG_STORE_CLASS", "DIRECT_CHECKPOINT_MANAGER_CLASS", "ensure_zk_log_store_jar",
            "ensure_checkpoint_manager_jar", "configure_log_store", "hold_log_store", "log_store_settings",
@@ -50,21 +49,7 @@ def log_store_settings(hosts: str, *, chroot: str = "/deltawheel", digest: str |
 def configure_log_store(spark: Any, hosts: str, *, chroot: str = "/deltawheel", digest: str | None = None) -> None:
     """Point a running session's log store at ZooKeeper ``hosts`` (the same for all of a table's writers)."""
     # a digest set by an earlier call must not outlive it
-    _apply(spark, {DIGEST_KEY: None, **log_store_settings(hosts, chroot=chroot, digest=digest)})
-
-
-def _apply(spark: Any, values: dict[str, str | None]) -> None:
-    """Set each key on the session and its Hadoop configuration (None: unset it)."""
-    from ..delta.jvm import jcontext
-
-    conf = jcontext(spark).hadoopConfiguration()
-    for k, v in values.items():
-        if v is None:
-            spark.conf.unset(k)
-            conf.unset(k)
-        else:
-            spark.conf.set(k, v)
-            conf.set(k, v)
+    set_hadoop(spark, {DIGEST_KEY: None, **log_store_settings(hosts, chroot=chroot, digest=digest)})
 
 
 @dataclass
@@ -85,8 +70,7 @@ def hold_log_store(spark: Any, hosts: str, *, chroot: str = "/deltawheel",
 
     Raises:
         ConfigError: another open engine or runner of this Spark application arbitrates through
-            other settings. The log store is one per application, and a table whose writers use
-            two namespaces has no arbiter: both could write one version.
+            other settings (the log store is one per application: two namespaces, no arbiter).
     """
     want = log_store_settings(hosts, chroot=chroot, digest=digest)
     key = id(spark.sparkContext)
@@ -116,6 +100,6 @@ def hold_log_store(spark: Any, hosts: str, *, chroot: str = "/deltawheel",
             held.count -= 1
             if held.count == 0 and _HOLDS.get(key) is held:
                 del _HOLDS[key]
-                _apply(spark, held.before)
+                set_hadoop(spark, held.before)
 
     return release

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ..exceptions import ConfigError
 from ..jars import fetch_maven_jar
 from .client import S3Endpoint
 
@@ -13,9 +14,8 @@ if TYPE_CHECKING:
     from ..delta.storefs import TableFiles
 
 __all__ = ["S3A_JARS", "S3PROXY_JAR", "MavenJar", "default_s3_jars_dir", "ensure_jar", "ensure_s3a_jars",
-           "s3a_jars_present", "s3a_settings", "spark_conf", "configure_bucket", "bucket_of", "endpoint_from_env",
-           "files_from_env",
-           "ENV_ENDPOINT", "ENV_ACCESS_KEY", "ENV_SECRET_KEY"]
+           "s3a_jars_present", "s3a_settings", "spark_conf", "configure_bucket", "set_hadoop", "bucket_of",
+           "endpoint_from_env", "files_from_env", "ENV_ENDPOINT", "ENV_ACCESS_KEY", "ENV_SECRET_KEY"]
 
 # one S3-compatible store for every s3a:// bucket of a process
 ENV_ENDPOINT = "DELTAWHEEL_S3_ENDPOINT"
@@ -95,14 +95,12 @@ def ensure_jar(jar: MavenJar, jars_dir: Path, *, quiet: bool = False) -> Path:
 
 def ensure_s3a_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> list[Path]:
     """The paths of :data:`S3A_JARS`, fetching the missing ones."""
-    d = jars_dir if jars_dir is not None else default_s3_jars_dir()
-    return [ensure_jar(j, d, quiet=quiet) for j in S3A_JARS]
+    return [ensure_jar(j, jars_dir or default_s3_jars_dir(), quiet=quiet) for j in S3A_JARS]
 
 
 def s3a_jars_present(jars_dir: Path | None = None) -> list[Path] | None:
     """The paths of :data:`S3A_JARS` if all are in the cache, else ``None`` (nothing is fetched)."""
-    d = jars_dir if jars_dir is not None else default_s3_jars_dir()
-    paths = [d / _name(j) for j in S3A_JARS]
+    paths = [(jars_dir or default_s3_jars_dir()) / _name(j) for j in S3A_JARS]
     return paths if all(p.exists() for p in paths) else None
 
 
@@ -127,12 +125,21 @@ def spark_conf(endpoint: S3Endpoint, bucket: str | None = None) -> dict[str, str
 
 def configure_bucket(spark: Any, endpoint: S3Endpoint, bucket: str) -> None:
     """Make a running session reach ``bucket`` on ``endpoint`` (not for a bucket already used)."""
+    set_hadoop(spark, s3a_settings(endpoint, bucket))
+
+
+def set_hadoop(spark: Any, values: Mapping[str, str | None]) -> None:
+    """Set each key on a running session and its Hadoop configuration (None: unset it)."""
     from ..delta.jvm import jcontext
 
     conf = jcontext(spark).hadoopConfiguration()
-    for k, v in s3a_settings(endpoint, bucket).items():
-        spark.conf.set(k, v)
-        conf.set(k, v)
+    for k, v in values.items():
+        if v is None:
+            spark.conf.unset(k)
+            conf.unset(k)
+        else:
+            spark.conf.set(k, v)
+            conf.set(k, v)
 
 
 def endpoint_from_env(env: Mapping[str, str] | None = None) -> S3Endpoint | None:
@@ -147,8 +154,6 @@ def endpoint_from_env(env: Mapping[str, str] | None = None) -> S3Endpoint | None
         return None
     access, secret = env.get(ENV_ACCESS_KEY), env.get(ENV_SECRET_KEY)
     if not access or not secret:
-        from ..exceptions import ConfigError
-
         raise ConfigError(f"{ENV_ENDPOINT} is set but {ENV_ACCESS_KEY} or {ENV_SECRET_KEY} is not: set both "
                           "('deltawheel objectstore status' prints the local server's)")
     return S3Endpoint(url=url, access_key=access, secret_key=secret)
@@ -177,10 +182,8 @@ def files_from_env(uri: str, env: Mapping[str, str] | None = None) -> TableFiles
     """
     from ..delta.storefs import S3Settings, files_for
 
-    if not uri.startswith("s3a://"):
-        return files_for(uri)
-    endpoint = endpoint_from_env(env)
-    bucket = bucket_of(uri) or ""
+    endpoint = endpoint_from_env(env) if uri.startswith("s3a://") else None
     if endpoint is None:
         return files_for(uri)
+    bucket = bucket_of(uri) or ""
     return files_for(uri, S3Settings.from_hadoop(s3a_settings(endpoint, bucket).get, bucket))

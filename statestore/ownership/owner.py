@@ -1,13 +1,10 @@
-"""Ownership of a computation's key intervals: lease → fence → recovery scan → fenced commits.
-
-Taking intervals follows MillWheel's order strictly:
-
-1. acquire the ZooKeeper leases (each grant carries a new sequencer);
-2. *fence*: commit the new sequencers into the intervals' fence rows (``rowtable/fencing.py``);
-3. only then read: the recovery scan (``rowtable/recovery.py``)."""
+"""Ownership of a computation's key intervals in MillWheel's order: acquire the ZooKeeper leases
+(each grant a new sequencer), *fence* (commit the sequencers into the intervals' fence rows,
+``rowtable/fencing.py``), only then read (the recovery scan, ``rowtable/recovery.py``), then commit."""
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Callable, Iterable, Mapping
 
 from kazoo.exceptions import NoNodeError
@@ -89,12 +86,8 @@ class IntervalOwner:
 
     def _check_coordinator(self, grants: Mapping[int, LeaseGrant], *, before: Mapping[int, LeaseGrant],
                            unbound_fences: dict[int, int] | None) -> None:
-        """Refuse to fence when ZooKeeper forgot grants: fence rows at or above a new grant's sequencer
-        that it does not know of, or from before this owner bound the store (``unbound_fences``).
-
-        Raises:
-            CoordinatorStateLostError: with what was found and the recovery command.
-        """
+        """Raise :class:`CoordinatorStateLostError` when ZooKeeper forgot grants: fence rows at or above a
+        new grant's sequencer that it does not know of, or from before this owner bound the store."""
         new = {iv: g for iv, g in grants.items() if before.get(iv) != g}
         if not new and not unbound_fences:
             return
@@ -117,10 +110,8 @@ class IntervalOwner:
                                  f"just granted {g.sequencer} and knows no grant above {nxt[iv] - 1}")
         if found:
             if unbound_fences is not None:  # the binding this owner created is not ours to keep
-                try:
+                with suppress(NoNodeError):
                     self.leases.zk_client.delete(store_path(pipeline))
-                except NoNodeError:
-                    pass
                 self._bound = False
             raise CoordinatorStateLostError(
                 f"ZooKeeper lost the coordination state of pipeline {pipeline!r} (wiped, or restored from an "

@@ -83,9 +83,8 @@ def plan_reseed(spark: Any, layout: StoreLayout, client: KazooClient, *, pipelin
 
 def apply_reseed(spark: Any, layout: StoreLayout, client: KazooClient, plan: ReseedPlan, *,
                  acls: list[ACL] | None = None) -> dict[str, dict[int, int]]:
-    """Raise ZooKeeper's sequencers, bind the store, publish ``plan``'s injector watermarks.
-
-    Returns the next sequencer per computation and interval.
+    """Raise ZooKeeper's sequencers, bind the store, publish ``plan``'s injector watermarks; returns
+    the next sequencer per computation and interval.
 
     Raises:
         StoreMismatchError: ZooKeeper's binding names another store (nothing is changed).
@@ -93,9 +92,8 @@ def apply_reseed(spark: Any, layout: StoreLayout, client: KazooClient, plan: Res
     from ..rowtable.store import RowStore
 
     bind_store(client, plan.pipeline, table_id=RowStore(spark, layout, writer="reseed").table_id(), root=layout.root)
-    out: dict[str, dict[int, int]] = {}
-    for comp, floors in sorted(plan.behind.items()):
-        out[comp] = raise_sequencers(client, pipeline=plan.pipeline, computation=comp, floors=floors, acls=acls)
+    out = {comp: raise_sequencers(client, pipeline=plan.pipeline, computation=comp, floors=floors, acls=acls)
+           for comp, floors in sorted(plan.behind.items())}
     authority = WatermarkAuthority(client, pipeline=plan.pipeline, acls=acls)
     try:
         for name, watermark_ms in sorted(plan.injectors.items()):

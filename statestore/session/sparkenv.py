@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import tempfile
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -37,8 +38,7 @@ class SparkSettings:
     driver_memory: str = "2g"
     log_level: str = "ERROR"
     hive_support: bool = False
-    # the S3A jars / Spark's Kafka connector: True fetches them if missing, None adds them when
-    # cached, False leaves them out
+    # the S3A jars / Kafka connector: True fetches them, None adds them if cached, False leaves them out
     object_store: bool | None = None
     kafka: bool | None = None
     python_daemon: str | None = None  # ``spark.python.daemon.module``; None: Spark's own
@@ -56,7 +56,7 @@ def require_java() -> str:
     """The ``java`` Spark will start (``$JAVA_HOME/bin/java``, else the one on ``PATH``).
 
     Raises:
-        JavaMissingError: there is none; the message says what to install.
+        JavaMissingError: there is none (the message says what to install).
     """
     home = os.environ.get("JAVA_HOME")
     if home:
@@ -71,8 +71,7 @@ def require_java() -> str:
 
 
 def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | None = None):  # type: ignore[no-untyped-def]
-    """Create a SparkSession with Delta Lake configured, or return the running one as it is (only
-    ``settings.extra`` and the log level are applied to it).
+    """A new SparkSession with Delta Lake, or the running one with only ``settings.extra`` and the log level.
 
     Raises:
         SparkConnectSessionError: ``SPARK_REMOTE`` is set (a Spark Connect session).
@@ -88,8 +87,7 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
             "needs a classic SparkSession (a Connect client has no driver JVM, and deltawheel commits through "
             "Delta Lake's JVM API). Unset SPARK_REMOTE for this process (docs/embedding.md, 'Session settings')")
     if SparkSession.getActiveSession() is not None:
-        # the running session itself (a builder without options re-applies nothing): re-applying
-        # ours would change only its runtime settings (and undo the s3a checkpoint manager)
+        # re-applying ours would change only its runtime settings (and undo the s3a checkpoint manager)
         running = SparkSession.builder.getOrCreate()
         for k, v in settings.extra.items():
             running.conf.set(k, v)
@@ -162,18 +160,14 @@ def setup_jars(*, object_store: bool = False, quiet: bool = False) -> list[Path]
     Raises:
         JarFetchError: a jar could not be fetched or compiled.
     """
-    jars = ensure_delta_jars(quiet=quiet)
-    store = ensure_log_store_jar(quiet=quiet)
-    jars += [store] if store is not None else []
+    jars = [*ensure_delta_jars(quiet=quiet), ensure_log_store_jar(quiet=quiet)]
     if object_store:
         from ..objectstore import s3a
         from ..objectstore.logstore import ensure_zk_log_store_jar
 
-        jars += s3a.ensure_s3a_jars()
-        jars.append(s3a.ensure_jar(s3a.S3PROXY_JAR, s3a.default_s3_jars_dir()))
-        zk_store = ensure_zk_log_store_jar(quiet=quiet)
-        jars += [zk_store] if zk_store is not None else []
-    return jars
+        jars += [*s3a.ensure_s3a_jars(), s3a.ensure_jar(s3a.S3PROXY_JAR, s3a.default_s3_jars_dir()),
+                 ensure_zk_log_store_jar(quiet=quiet)]
+    return [j for j in jars if j is not None]
 
 
 def _conf(spark: Any, key: str) -> str | None:
@@ -219,7 +213,7 @@ def check_session(spark: Any, store: str) -> None:
 
     Raises:
         SparkConnectSessionError: ``spark`` is a Spark Connect session.
-        SessionConfigError: naming every missing setting, its value, and the two ways to fix it.
+        SessionConfigError: naming every missing setting and how to fix it.
     """
     require_classic_session(spark)
     missing = missing_settings({k: _conf(spark, k) for k in session_settings(store)}, store)
@@ -282,7 +276,5 @@ def _object_store_conf() -> dict[str, str]:
 
 
 def _remove_if_empty(path: Path) -> None:
-    try:
+    with suppress(OSError):  # not there, or a user put tables in it: leave it
         path.rmdir()
-    except OSError:  # not there, or a user put tables in it: leave it
-        pass

@@ -6,6 +6,7 @@ it before taking a lease. ZooKeeper SUSPENDED / LOST: one create-or-read, kazoo'
 from __future__ import annotations
 
 import json
+from contextlib import suppress
 from typing import Callable
 
 from kazoo.client import KazooClient
@@ -36,11 +37,9 @@ def bind_store(client: KazooClient, pipeline: str, *, table_id: str, root: str,
     payload = json.dumps({"format_version": BINDING_FORMAT_VERSION, "rows_table_id": table_id, "root": root},
                          sort_keys=True).encode()
     while True:
-        try:
+        with suppress(NodeExistsError):
             client.create(path, payload, makepath=True)
             return True
-        except NodeExistsError:
-            pass
         if on_exists is not None:
             on_exists()
         try:

@@ -55,9 +55,7 @@ def connect(cfg: ZkConfig, *, timeout_s: float = 15.0) -> KazooClient:
 
 
 def digest_acls(cfg: ZkConfig) -> list[ACL] | None:
-    """ACLs for lease znodes: all rights to the digest user, read to the world.
-
-    Returns ``None`` (ZooKeeper's open ACL) when no digest is configured.
+    """ACLs for lease znodes: all rights to the digest user, read to the world (None: no digest).
 
     >>> digest_acls(ZkConfig()) is None
     True

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 import uuid
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -256,12 +257,7 @@ def prune_grants(client: KazooClient, grants_dir: str, *, keep: int, sequencer: 
     """Delete all but the newest ``keep`` grant nodes (``sequencer``: the newest one's, to skip early)."""
     if sequencer is not None and sequencer < keep:
         return
-    try:
-        old = sorted(client.get_children(grants_dir))[:-keep]
-        for name in old:
-            try:
+    with suppress(ConnectionLoss, SessionExpiredError):  # pruning is housekeeping; the next grant retries
+        for name in sorted(client.get_children(grants_dir))[:-keep]:
+            with suppress(NoNodeError, NoAuthError):
                 client.delete(f"{grants_dir}/{name}", version=0)
-            except (NoNodeError, NoAuthError):
-                pass
-    except (ConnectionLoss, SessionExpiredError):
-        pass  # pruning is housekeeping; the next grant retries

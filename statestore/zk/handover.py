@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -94,7 +95,5 @@ def read_handover(client: KazooClient, pipeline: str, computation: str) -> Hando
 
 def clear_handover(client: KazooClient, pipeline: str, computation: str) -> None:
     """Delete the request (gone already: nothing to do)."""
-    try:
+    with suppress(NoNodeError):
         client.delete(handover_path(pipeline, computation))
-    except NoNodeError:
-        pass

@@ -1,11 +1,11 @@
-"""The ZooKeeper layout version: a ``/layout`` znode below the chroot.
+"""The ZooKeeper layout version: a ``/layout`` znode below the chroot; a newer one is refused.
 
-ZooKeeper SUSPENDED / LOST: single kazoo calls, neither paused nor retried; a repeat finishes
-what a cut-off call began. A newer layout is refused, never rewritten."""
+ZooKeeper SUSPENDED / LOST: plain kazoo calls; a repeat finishes what a cut-off call began."""
 
 from __future__ import annotations
 
 import json
+from contextlib import suppress
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError
@@ -48,11 +48,9 @@ def ensure_zk_layout(client: KazooClient) -> list[str]:
     stored = _check(read_zk_layout_version(client))
     for path in _FOLDERS:
         if client.exists(path) is None:
-            try:
+            with suppress(NodeExistsError):
                 client.create(path, b"", makepath=True)
                 created.append(path)
-            except NodeExistsError:
-                pass
     if stored is None:
         payload = json.dumps({"format_version": ZK_LAYOUT_VERSION}).encode("utf-8")
         try:

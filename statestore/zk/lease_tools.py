@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from contextlib import suppress
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -21,11 +22,8 @@ __all__ = ["break_lease", "list_leases", "next_sequencers", "raise_sequencers", 
 
 def break_lease(client: KazooClient, *, pipeline: str, computation: str, interval: int,
                 apply: bool = False) -> dict[str, Any]:
-    """Take a lease away from its owner (an operator tool; dry run by default).
-
-    Returns:
-        The plan: ``path``, ``held``, the current ``owner``, ``sequencer``, ``session`` and
-        ``version`` when held; ``applied``: whether the owner znode was deleted.
+    """Take a lease away from its owner (dry run by default). Returns the plan: ``path``, ``held``,
+    the ``owner``, ``sequencer``, ``session`` and ``version`` when held, ``applied``.
 
     Raises:
         LeaseHeldError: an ACL this client lacks protects it, or a grant is in progress.
@@ -81,13 +79,11 @@ def list_leases(client: KazooClient, *, pipeline: str | None = None) -> list[dic
                 row: dict[str, Any] = {"pipeline": p, "computation": c, "interval": int(name), "owner": None,
                                        "instance": None, "sequencer": None, "session": None, "granted_ms": None,
                                        "last_sequencer": int(grants[-1].rsplit("g-", 1)[1]) if grants else None}
-                try:
+                with suppress(NoNodeError):
                     data, stat = client.get(f"{base}/owner")
                     raw = decode_lease(data)
                     row.update(owner=raw.get("owner"), instance=raw.get("instance"), sequencer=raw.get("sequencer"),
                                session=f"0x{stat.ephemeralOwner:x}", granted_ms=raw.get("granted_ms"))
-                except NoNodeError:
-                    pass
                 out.append(row)
     return out
 
@@ -108,10 +104,8 @@ def next_sequencers(client: KazooClient, *, pipeline: str, computation: str,
 
 def raise_sequencers(client: KazooClient, *, pipeline: str, computation: str, floors: Mapping[int, int],
                      acls: list[ACL] | None = None, ops_per_transaction: int = 500) -> dict[int, int]:
-    """Make every later grant of each interval get a sequencer of at least ``floors[interval]``.
-
-    Placeholder children are made until a sequential node reaches ``floor - 1``; it stays, marked
-    ``reseed``. Never lowers. Returns the next sequencer per interval."""
+    """Make every later grant of each interval get a sequencer of at least ``floors[interval]`` (never
+    lowers): placeholders until a node, marked ``reseed``, reaches ``floor - 1``. Returns the next ones."""
     out: dict[int, int] = {}
     marker = json.dumps({"format_version": LEASE_FORMAT_VERSION, "reseed": True}).encode()
     for iv, floor in sorted(floors.items()):
@@ -135,9 +129,8 @@ def raise_sequencers(client: KazooClient, *, pipeline: str, computation: str, fl
 
 def pipeline_chroots(root: KazooClient, chroot: str, pipeline: str | None, *, max_depth: int = 3,
                      max_nodes: int = 500) -> list[tuple[str, list[str]]]:
-    """The chroots other than ``chroot`` holding deltawheel pipelines (only ``pipeline`` when given),
-    with their pipelines, by a walk of at most ``max_depth`` levels and ``max_nodes`` znodes from
-    ``root`` (a client without chroot)."""
+    """The chroots other than ``chroot`` holding pipelines (only ``pipeline``), with their pipelines,
+    walking at most ``max_depth`` levels and ``max_nodes`` znodes from ``root`` (a client without chroot)."""
     found: list[tuple[str, list[str]]] = []
     level, seen = [""], 0
     for _ in range(max_depth):

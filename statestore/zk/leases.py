@@ -23,7 +23,8 @@ from ..layout import validate_name
 from .client import zk_errors
 from .grants import HeldGrant, LeaseGrant, decode_lease, interval_path, prune_grants, take_interval
 from .layout import ensure_zk_layout
-from .refusal import DEFAULT_MAX_PAUSE_S, check_refused, session_timeout_s
+from .refusal import DEFAULT_MAX_PAUSE_S, session_timeout_s
+from .watermarks.pause import Pause
 
 __all__ = ["LeaseManager"]
 
@@ -239,9 +240,8 @@ class LeaseManager:
                                      "by this instance; acquire it first")
 
     def await_settled(self, timeout_s: float | None = None) -> bool:
-        """Wait until CONNECTED with no lease being re-verified; False if still not after ``timeout_s``.
-
-        ``timeout_s`` defaults to twice the session timeout plus 5 s."""
+        """Wait until CONNECTED with no lease being re-verified; False if still not after ``timeout_s``
+        (default: twice the session timeout plus 5 s)."""
         if timeout_s is None:
             timeout_s = 2 * session_timeout_s(self._client) + 5.0
         deadline = time.monotonic() + timeout_s
@@ -256,10 +256,8 @@ class LeaseManager:
 
     def await_valid(self, computation: str, intervals: Iterable[int], *, max_pause_s: float | None = None,
                     log_every_s: float = 30.0) -> float:
-        """Check the leases of ``intervals`` before a commit; *pause* while they are in doubt.
-
-        Logs when the pause starts, every ``log_every_s`` and when it ends; probes for lost data
-        (``refusal.py``). ``max_pause_s``: default, the manager's. Returns the seconds paused.
+        """Check the leases of ``intervals`` before a commit; *pause* while they are in doubt, logging
+        every ``log_every_s`` (:class:`.watermarks.pause.Pause`). Returns the seconds paused.
 
         Raises:
             LeaseLostError: a lease is lost (e.g. the session expired during the pause).
@@ -268,37 +266,17 @@ class LeaseManager:
         """
         ivs = sorted(set(intervals))
         bound = self.max_pause_s if max_pause_s is None else max_pause_s
-        started: float | None = None
-        next_log = 0.0
-        what = f"commits of {self.pipeline}/{computation}"
+        pause = Pause(f"commits of {self.pipeline}/{computation}", bound, client=self._client, pipeline=self.pipeline,
+                      log_every_s=log_every_s, nothing="committed", logger=log)
         while True:
             try:
                 for iv in ivs:
                     self.check_valid(computation, iv)
             except LeaseSuspendedError as exc:
-                now = time.monotonic()
-                if started is None:
-                    started, next_log = now, now + log_every_s
-                    log.warning("%s paused: %s (no ZooKeeper server answers, or the ensemble lost its quorum); "
-                                "waiting for it to serve again, nothing is committed meanwhile", what, exc)
-                elif now >= next_log:
-                    next_log = now + log_every_s
-                    log.warning("%s still paused after %.0f s: ZooKeeper does not serve", what, now - started)
-                final = bound is not None and now - started >= bound
-                check_refused(self._client, paused_s=now - started, what=what, pipeline=self.pipeline, final=final)
-                if final:
-                    raise LeaseSuspendedError(
-                        f"{what} paused for {now - started:.0f} s and ZooKeeper still does not serve ({exc}): no "
-                        "server answers (unreachable, or down) or the ensemble lost its quorum; nothing was "
-                        "committed. Bring ZooKeeper back (a majority of the ensemble's servers) and run again") from exc
-                self.await_settled(timeout_s=1.0 if bound is None else max(0.05, min(1.0, bound - (now - started))))
+                paused = pause.note(str(exc))
+                self.await_settled(timeout_s=1.0 if bound is None else max(0.05, min(1.0, bound - paused)))
                 continue
-            if started is None:
-                return 0.0
-            paused = time.monotonic() - started
-            log.warning("%s resume: ZooKeeper serves again and the leases were re-verified after a pause of "
-                        "%.1f s", what, paused)
-            return paused
+            return pause.resumed(" and the leases were re-verified")
 
     def renew(self, computation: str | None = None) -> None:
         """Verify with ZooKeeper that every held lease (of ``computation``, or all) is still ours.

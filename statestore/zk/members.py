@@ -1,18 +1,12 @@
-"""The live job instances of a pipeline, the intervals each should hold, and operator moves.
-
-Connection states: a member znode is EPHEMERAL (a LOST session leaves); while SUSPENDED an instance
-acts only through :class:`LeaseManager`, which refuses. Layout below the client's chroot::
-
-    /pipelines/{p}/members/{instance}         EPHEMERAL, {"format_version": 1, "instance": ..., "joined_ms": ...}
-    /pipelines/{p}/moves/{computation}        PERSISTENT, a move request (:func:`request_move`)
-
-The target is :func:`assign` over the live members, unless a move request names only live ones.
-"""
+"""The live job instances of a pipeline (EPHEMERAL ``members/{instance}``), the intervals each should
+hold, and operator moves (PERSISTENT ``moves/{computation}``). A LOST session leaves; while SUSPENDED
+an instance acts only through :class:`LeaseManager`, which refuses. docs/operations.md has the layout."""
 
 from __future__ import annotations
 
 import json
 import time
+from contextlib import suppress
 from typing import Any, Mapping, Sequence
 
 from kazoo.client import KazooClient
@@ -134,11 +128,9 @@ class Membership:
         payload = json.dumps({"format_version": MEMBER_FORMAT_VERSION, "instance": self.instance,
                               "joined_ms": int(time.time() * 1000)}).encode()
         while True:
-            try:
+            with suppress(NodeExistsError):
                 self.client.create(self.path, payload, ephemeral=True, makepath=True, acl=self.acls)
                 return
-            except NodeExistsError:
-                pass
             stat = self.client.exists(self.path)
             if stat is None:
                 continue
@@ -153,10 +145,8 @@ class Membership:
 
     def leave(self) -> None:
         """Delete the member znode (gone already: nothing to do)."""
-        try:
+        with suppress(NoNodeError):
             self.client.delete(self.path)
-        except NoNodeError:
-            pass
 
 
 def parse_assign(items: list[str]) -> dict[str, tuple[int, ...]]:

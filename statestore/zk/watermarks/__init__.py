@@ -1,6 +1,5 @@
-"""Low watermarks (MillWheel sections 3.3 and 5.4), held in ZooKeeper.
+"""Low watermarks (MillWheel sections 3.3 and 5.4) in ZooKeeper, through :class:`WatermarkAuthority`.
 
-ZooKeeper SUSPENDED / LOST: see ``authority.py``. Callers hold :class:`WatermarkAuthority`.
 Terms and znode layout: docs/operations.md, "Watermarks in ZooKeeper"."""
 
 from .authority import WatermarkAuthority

@@ -34,9 +34,8 @@ _SYSTEM_CLOCK = SystemClock()
 class WatermarkAuthority:
     """Publishes oldest work and injector watermarks; computes and publishes low watermarks.
 
-    ``max_pause_s``: how long a call waits for a suspended connection (give it the lease manager's).
-    Every ZooKeeper call raises :class:`LeaseSuspendedError` when paused longer, and
-    :class:`CodecError` on a damaged payload."""
+    ``max_pause_s``: how long a call waits for a suspended connection (the lease manager's), then
+    raises :class:`LeaseSuspendedError`; a damaged payload raises :class:`CodecError`."""
 
     def __init__(self, client: KazooClient, *, pipeline: str, clock: Clock = _SYSTEM_CLOCK,
                  acls: list[ACL] | None = None, max_pause_s: float | None = DEFAULT_MAX_PAUSE_S) -> None:
@@ -63,17 +62,15 @@ class WatermarkAuthority:
 
     def declare(self, computation: str, *, upstream: Sequence[str], num_intervals: int,
                 replace: bool = False) -> Topology:
-        """Record a computation's inputs (``'computation:NAME'`` / ``'injector:NAME'``) and interval count.
-
-        Idempotent; ``replace`` overwrites a different earlier declaration.
+        """Record a computation's inputs (``'computation:NAME'`` / ``'injector:NAME'``) and interval count;
+        idempotent, ``replace`` overwrites a different earlier declaration.
 
         Raises:
             ConfigError: bad names or count, a self-loop, or a different declaration without ``replace``.
         """
-        path = self._znodes.topology(computation)
         topo = declared(computation, upstream=upstream, num_intervals=num_intervals)
-        self._rounds.cas(path, f"declaring {self.pipeline}/{computation}", declare_update(computation, topo,
-                                                                                       replace=replace))
+        self._rounds.cas(self._znodes.topology(computation), f"declaring {self.pipeline}/{computation}",
+                         declare_update(computation, topo, replace=replace))
         return topo
 
     def topology(self, computation: str) -> Topology | None:
@@ -93,10 +90,8 @@ class WatermarkAuthority:
         return self._reader.oldest_work(computation, num_intervals)
 
     def low_watermark(self, computation: str, *, topology: Topology | None = None) -> int | None:
-        """The low watermark as MillWheel computes it (``reading.py``), maybe below the published one.
-
-        ``None`` when not known yet, :data:`.low.END_OF_TIME` when all is done. ``topology``: the
-        computation's, as the caller just read it (else read here).
+        """The low watermark as MillWheel computes it (``reading.py``), maybe below the published one;
+        ``None``: not known yet, :data:`.low.END_OF_TIME`: all done. ``topology``: as the caller just read it.
 
         Raises:
             ConfigError: not declared, or the topology has a cycle.
@@ -152,10 +147,8 @@ class WatermarkAuthority:
 
     def publish_and_advance(self, computation: str, works: Mapping[int, tuple[int | None, int]], *,
                             injectors: Mapping[str, tuple[int, int]] | None = None) -> int | None:
-        """:meth:`publish_oldest_works` then :meth:`advance_low_watermark` in one transaction (step 7).
-
-        ``injectors`` (name -> (watermark, sequencer)) go in the same transaction. Returns the low watermark.
-        """
+        """:meth:`publish_oldest_works`, :meth:`advance_low_watermark` and ``injectors`` (name ->
+        (watermark, sequencer)) in one transaction (step 7); returns the low watermark."""
         pub = dict(injectors or {})
         declared_, low = self._publisher.and_advance(computation, works, pub)
         if not declared_:  # the last raises ConfigError
@@ -168,7 +161,6 @@ class WatermarkAuthority:
 
     def publish_injector(self, injector: str, watermark_ms: int, *, sequencer: int = 0) -> int:
         """Publish a source's low watermark estimate (:data:`.low.END_OF_TIME`: finished); never backwards.
-
         Returns the stored watermark: ``watermark_ms``, or the larger one already stored.
 
         Raises:
@@ -190,10 +182,8 @@ class WatermarkAuthority:
     def publish_instance_injector(self, injector: str, instance: str, watermark_ms: int, *,
                                   sequencer: int = 0,
                                   held: Mapping[str, Mapping[int, int]] | None = None) -> int | None:
-        """Publish one job instance's estimate of a source with the intervals it holds (``instances.py``).
-
-        ``held``: computation -> interval -> lease sequencer. Returns the injector's stored
-        watermark (``None``: still unknown).
+        """Publish one job instance's estimate of a source with the intervals it ``held`` (computation ->
+        interval -> lease sequencer); returns the injector's stored watermark (``None``: still unknown).
 
         Raises:
             StaleSequencerError, CodecError: as :meth:`publish_injector`.
@@ -207,8 +197,7 @@ class WatermarkAuthority:
     def record_held(self, injector: str, instance: str, held: Mapping[str, Mapping[int, int]], *,
                     sequencer: int = 0) -> None:
         """Record the intervals ``instance`` holds beside its estimate of ``injector``, then publish the
-        injector's watermark from the stored estimates: a release a catch-up cleared lets it move on
-        at once, not at the next batch with input (an input that has ended has none)."""
+        injector's watermark: a release a catch-up cleared lets it move on before the next input."""
         low = self._instances.record_held(injector, instance, held, sequencer=sequencer)
         if low is not None:
             self.publish_injector(injector, low, sequencer=sequencer)

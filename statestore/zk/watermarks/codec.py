@@ -1,9 +1,8 @@
 """The watermark znodes: where each payload lives, its format, how a new one replaces the stored one.
 
-ZooKeeper SUSPENDED / LOST: only :func:`read_injector_watermark` calls ZooKeeper, a single read
-that is neither paused nor retried. A payload of a newer format is refused. An injector's
-watermark, an instance's estimate and a published low watermark never move back; oldest work
-may. A payload of a newer sequencer is never overwritten (:class:`StaleSequencerError`)."""
+ZooKeeper SUSPENDED / LOST: only :func:`read_injector_watermark` calls ZooKeeper, once. Injector
+watermarks, instance estimates and published low watermarks never move back; oldest work may. A
+payload of a newer format is refused, one of a newer sequencer never overwritten."""
 
 from __future__ import annotations
 
@@ -156,11 +155,9 @@ def instance_update(what: str, instance: str, watermark_ms: int | None, *, seque
                     held: Mapping[str, Mapping[int, int]] | None, clock: Clock) -> Callable[[Raw | None], bytes | None]:
     """The compare-and-set update of an instance's estimate and held intervals (``None`` keeps either).
 
-    An interval that ``held`` no longer lists under the sequencer stored for it is *released*:
-    kept beside the estimate with that sequencer and the estimate stored before this update (the
-    position where the instance stopped processing it), until the instance holds it again under
-    a newer sequencer (:func:`.low.releasing`).
-    """
+    An interval ``held`` no longer lists under its stored sequencer is *released*: kept with that
+    sequencer and the estimate stored before (where the instance stopped processing it) until it
+    is held again under a newer sequencer (:func:`.low.releasing`)."""
     def update(old: Raw | None) -> bytes | None:
         if old is not None and int(old["sequencer"]) > sequencer:
             raise StaleSequencerError(f"{what}: stored sequencer {old['sequencer']} is newer than ours "
@@ -181,7 +178,7 @@ def instance_update(what: str, instance: str, watermark_ms: int | None, *, seque
                 before, int(old["sequencer"]), old_held, old_released):
             return None
         fields: Raw = {"sequencer": sequencer, "watermark_ms": value, "published_ms": clock.now_ms(), "held": now_held}
-        if released:  # (absent: none, as in a payload written before releases were kept)
+        if released:  # absent: none
             fields["released"] = released
         return encode(fields)
     return update

@@ -1,7 +1,7 @@
 """Several job instances reading one injector: each one's estimate, and who still holds it back.
 
-ZooKeeper SUSPENDED / LOST: every call is a round of :class:`.rounds.Rounds`; estimates persist,
-and whether an instance counts is its membership's (``members.py``) and :func:`.low.instances_low`'s."""
+ZooKeeper SUSPENDED / LOST: every call is a round of :class:`.rounds.Rounds`; estimates persist;
+who counts: :func:`.low.instances_low`."""
 
 from __future__ import annotations
 
@@ -58,8 +58,7 @@ class Instances:
         return self._rounds.connection.resilient(what, estimate)  # type: ignore[no-any-return]
 
     def record_held(self, injector: str, instance: str, held: Held, *, sequencer: int) -> int | None:
-        """Store the intervals ``instance`` holds now beside its estimate, keeping the estimate;
-        return the injector's watermark as :meth:`low` computes it then."""
+        """Store the intervals ``instance`` holds beside its unchanged estimate; returns :meth:`low`."""
         validate_name("instance", instance)
         what = (f"recording the intervals instance {instance} holds, for injector "
                 f"{self._znodes.pipeline}/{injector}")

@@ -1,8 +1,6 @@
-"""The low watermark computed from its inputs: pure functions, no ZooKeeper.
-
-MillWheel's rule: the *low watermark* of a computation is the minimum of its intervals' oldest
-work and its inputs' low watermarks. ``None`` is *not known yet* and wins over every value;
-:data:`END_OF_TIME` is *finished*.
+"""The low watermark computed from its inputs (MillWheel's rule: the minimum of the intervals'
+oldest work and the inputs' low watermarks); pure functions. ``None``, *not known yet*, wins
+over every value; :data:`END_OF_TIME` is *finished*.
 
 >>> low_watermark([1_000, END_OF_TIME], [900, END_OF_TIME])
 900
@@ -107,11 +105,8 @@ def holds_back(raw: Mapping[str, Any], caught: Mapping[str, Mapping[int, int]]) 
 def instances_low(stored: Mapping[str, Mapping[str, Any] | None], *, live: Iterable[str],
                   caught: Mapping[str, Mapping[int, int]]) -> int | None:
     """An injector's watermark: the lowest estimate of the live instances and those :func:`handing_off`,
-    and the positions of the intervals instances released and no later owner caught up on.
-
-    A live instance's estimate goes on with its reading past the records of the intervals it let go
-    of (a rebalance, a restart with a smaller share); a taker that dies in its catch-up records no
-    catch-up, so the release keeps holding until a later one does.
+    and the positions of the intervals instances released and no later owner caught up on (a taker
+    that dies in its catch-up records none, so the release holds until a later one does).
 
     >>> instances_low({"a": {"watermark_ms": 5}, "b": {"watermark_ms": 2, "held": {}}}, live=["a"], caught={})
     5

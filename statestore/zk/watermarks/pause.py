@@ -1,8 +1,6 @@
-"""How a watermark call waits for ZooKeeper: paused while it does not serve, repeated after a drop.
-
-ZooKeeper SUSPENDED / LOST: while SUSPENDED a call *pauses* as commits do, up to ``max_pause_s``
-(then :class:`LeaseSuspendedError`); a call cut off by a drop is repeated from its reads. A write
-under lease sequencers whose session was LOST raises :class:`LeaseLostError`."""
+"""How a call waits for ZooKeeper: *paused* while SUSPENDED, up to ``max_pause_s`` (then
+:class:`LeaseSuspendedError`), repeated from its reads after a drop; a write under lease
+sequencers whose session was LOST raises :class:`LeaseLostError`."""
 
 from __future__ import annotations
 
@@ -30,45 +28,55 @@ def zk_call(what: str) -> Any:
 
 
 class Pause:
-    """One call's wait for ZooKeeper to serve again, logged as :meth:`.LeaseManager.await_valid` does.
+    """One call's wait for ZooKeeper to serve again, logged to ``logger`` while it lasts.
 
-    Raises :class:`LeaseSuspendedError` after ``bound`` seconds (None: no bound); ``probe`` is
-    asked while it lasts (:func:`.refusal.check_refused`)."""
+    Raises :class:`LeaseSuspendedError` after ``bound`` seconds (None: no bound); probes ``client``'s
+    ensemble for lost data meanwhile (:func:`.refusal.check_refused`). ``nothing``: what waits."""
 
-    def __init__(self, what: str, bound: float | None, *, log_every_s: float = 30.0,
-                 probe: Callable[[str, float, bool], None] | None = None) -> None:
+    def __init__(self, what: str, bound: float | None, *, client: KazooClient, pipeline: str,
+                 log_every_s: float = 30.0, nothing: str = "written", logger: logging.Logger = log) -> None:
         self.what = what
         self.bound = bound
-        self.probe = probe
+        self.client = client
+        self.pipeline = pipeline
         self.log_every_s = log_every_s
+        self.nothing = nothing
+        self.log = logger
         self.started: float | None = None
         self._next_log = 0.0
 
-    def wait(self, why: str) -> None:
-        """Note that ZooKeeper does not serve (``why``), then sleep a moment (or raise past the bound)."""
+    def note(self, why: str) -> float:
+        """Note that ZooKeeper does not serve (``why``); raise past the bound. Returns the seconds paused."""
         now = time.monotonic()
         if self.started is None:
             self.started, self._next_log = now, now + self.log_every_s
-            log.warning("%s paused: %s (no ZooKeeper server answers, or the ensemble lost its quorum); waiting "
-                        "for it to serve again", self.what, why)
+            self.log.warning("%s paused: %s (no ZooKeeper server answers, or the ensemble lost its quorum); "
+                             "waiting for it to serve again, nothing is %s meanwhile", self.what, why, self.nothing)
         elif now >= self._next_log:
             self._next_log = now + self.log_every_s
-            log.warning("%s still paused after %.0f s: ZooKeeper does not serve", self.what, now - self.started)
-        final = self.bound is not None and now - self.started >= self.bound
-        if self.probe is not None:
-            self.probe(self.what, now - self.started, final)
+            self.log.warning("%s still paused after %.0f s: ZooKeeper does not serve", self.what, now - self.started)
+        paused = now - self.started
+        final = self.bound is not None and paused >= self.bound
+        check_refused(self.client, paused_s=paused, what=self.what, pipeline=self.pipeline, final=final)
         if final:
             raise LeaseSuspendedError(
-                f"{self.what} paused for {now - self.started:.0f} s and ZooKeeper still does not serve ({why}): no "
-                "server answers (unreachable, or down) or the ensemble lost its quorum; nothing was written. Bring "
-                "ZooKeeper back (a majority of the ensemble's servers) and run again")
+                f"{self.what} paused for {paused:.0f} s and ZooKeeper still does not serve ({why}): no server "
+                f"answers (unreachable, or down) or the ensemble lost its quorum; nothing was {self.nothing}. "
+                "Bring ZooKeeper back (a majority of the ensemble's servers) and run again")
+        return paused
+
+    def wait(self, why: str) -> None:
+        """:meth:`note`, then sleep a moment."""
+        self.note(why)
         time.sleep(0.05)
 
-    def resumed(self) -> None:
-        """Log the end of the pause, if there was one."""
-        if self.started is not None:
-            log.warning("%s resumes: ZooKeeper serves again after a pause of %.1f s", self.what,
-                        time.monotonic() - self.started)
+    def resumed(self, how: str = "") -> float:
+        """Log the end of the pause, if there was one; the seconds it lasted (0.0: none)."""
+        if self.started is None:
+            return 0.0
+        paused = time.monotonic() - self.started
+        self.log.warning("%s resumes: ZooKeeper serves again%s after a pause of %.1f s", self.what, how, paused)
+        return paused
 
 
 class Connection:
@@ -125,8 +133,5 @@ class Connection:
             return result
 
     def pause(self, what: str) -> Pause:
-        """A new pause for ``what``, bounded by ``max_pause_s``, probing for lost data."""
-        def probe(what: str, paused_s: float, final: bool) -> None:
-            check_refused(self.client, paused_s=paused_s, what=what, pipeline=self.pipeline, final=final)
-
-        return Pause(what, self.max_pause_s, probe=probe)
+        """A new pause for ``what``, bounded by ``max_pause_s``."""
+        return Pause(what, self.max_pause_s, client=self.client, pipeline=self.pipeline)

@@ -107,12 +107,8 @@ class Reader:
         return self._rounds.connection.resilient(what, read)  # type: ignore[no-any-return]
 
     def snapshot(self) -> dict[str, Any]:
-        """Every watermark of the pipeline, for the CLI and for inspection.
-
-        Returns:
-            ``{"pipeline", "injectors": {name: {...}}, "computations": {name: {declared, upstream,
-            num_intervals, intervals, low_watermark_ms, published_low_watermark_ms}}}``.
-        """
+        """Every watermark of the pipeline: ``{"pipeline", "injectors": {name: {...}}, "computations":
+        {name: {declared, upstream, num_intervals, intervals, low_watermark_ms, published_low_watermark_ms}}}``."""
         znodes, rounds = self._znodes, self._rounds
         rounds.connection.connected("reading the watermarks")
         with zk_call("reading the watermarks"):

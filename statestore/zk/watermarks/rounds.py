@@ -62,7 +62,7 @@ class Rounds:
         return None if data is None else decode(data, what)
 
     def cas(self, path: str, what: str, update: Update) -> None:
-        """Read-modify-write ``path`` until no concurrent writer got in between (see :meth:`cas_many`)."""
+        """Read-modify-write ``path`` until no concurrent writer got in between."""
         self.cas_many(what, [(path, update, None)])
 
     def cas_many(self, what: str, items: Sequence[tuple[str, Update, Fence | None]], *,

@@ -1,8 +1,5 @@
-"""The last published low watermark this instance saw, served without ZooKeeper.
-
-ZooKeeper SUSPENDED / LOST: :meth:`LastSeen.last_known` answers without ZooKeeper, flagged
-``stale`` when not CONNECTED; a published low watermark never moves back, so a stale value is
-only ever too low."""
+"""The last published low watermark this instance saw, served without ZooKeeper: flagged ``stale``
+when not CONNECTED (SUSPENDED / LOST); it never moves back, so a stale value is only too low."""
 
 from __future__ import annotations
 

@@ -97,10 +97,7 @@ def local_table_exists(path: str | TableFiles) -> bool | None:
 
 def latest_local_version(path: str | TableFiles) -> int | None:
     """The newest JSON commit version of a table; None if remote (a URI string) or it has no JSON commit."""
-    listing = _log_names(path)
-    if listing is None:
-        return None
-    versions = _commit_versions(listing[1])
+    versions = json_commit_versions(path)
     return versions[-1] if versions else None
 
 

@@ -1,19 +1,8 @@
 """A tool's fenced replacing write of some intervals of a live computation.
 
-:func:`replace_intervals`, in order (the pipeline waits only for phases 2-4):
-
-1. ``no_wait``: refuse at once (:class:`LeaseHeldError`) when a live owner holds an interval.
-   Append the audit rows an earlier run left missing, then post a hand-over request
-   (``zk/handover.py``): running instances give the intervals back at their next batch boundary.
-2. Take the leases (up to ``wait_s``), fence them with a claim and run the recovery scan as every
-   new owner does; the old owner's undelivered checkpointed productions are delivered first.
-3. ``build(held)`` returns the intervals' rows as they must be; the difference (:func:`row_changes`)
-   is committed in **one** fenced transaction. A racing takeover fails it with
-   :class:`StaleSequencerError` or :class:`LeaseLostError`: nothing changed, no audit record.
-4. Give the leases back and delete the request as soon as the commit landed.
-5. Append the audit record (``audit.py``); one a dead tool left is appended by the next run or gc.
-
-:func:`plan_replacement` is the dry run: the same ``build`` over the rows now, nothing written."""
+:func:`replace_intervals`: hand-over request, leases and recovery, one fenced commit of what
+``build`` returns, leases back, audit record (docs/replay.md, "6. Promote"); :func:`plan_replacement`
+is its dry run."""
 
 from __future__ import annotations
 

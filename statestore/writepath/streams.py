@@ -50,7 +50,6 @@ _SPARK_TYPES = {"STRING": "string", "BINARY": "binary", "BIGINT": "long", "TIMES
 
 
 def _stream_properties(name: str) -> dict[str, str]:
-    """The table properties of stream ``name``'s table."""
     return {"deltawheel.table": "stream", "deltawheel.stream": name,
             "deltawheel.format_version": str(STREAM_FORMAT_VERSION),
             "delta.checkpointInterval": str(COMMIT_CHECKPOINT_INTERVAL)}  # checkpoints: maintenance.py

@@ -1,8 +1,6 @@
 """The image path's recovery scan: what the interval images still hold to do and to deliver.
 
-:func:`scan` reads the owned intervals' images in the driver on acquisition; a checkpoint not yet
-delivered goes as its commit's own delivery (:func:`resolve` finds the commit) or by insert-only
-MERGE by record id (:class:`Recovery`)."""
+A checkpoint not yet delivered goes as its commit's own delivery (:func:`resolve`) or by MERGE."""
 
 from __future__ import annotations
 
@@ -28,8 +26,7 @@ class Checkpoint:
     interval: int
     version: int | None  # the rows commit that checkpointed them (an upper bound unless exact; None: unknown)
     exact: bool  # ``version`` is that commit's own (looked up by ``commit_id``), not a bound
-    commit_id: str | None  # that commit's id (what its delivery writes in the stream's commit_id column;
-    # None: the rows were written by several commits)
+    commit_id: str | None  # that commit's id, its delivery's commit_id column (None: several commits')
     prods: list[Production]
 
 
@@ -55,7 +52,8 @@ def scan(root: TableFiles, files: Mapping[int, Sequence[FileEntry]], *, name: st
          retention_ms: int | None) -> tuple[Recovery, list[Checkpoint]]:
     """The recovery scan of the images ``files``, with every checkpoint they hold (see :func:`resolve`).
 
-    Raises :class:`StaleSequencerError` first if an image's fence row carries a newer sequencer."""
+    Raises:
+        StaleSequencerError: an image's fence row carries a newer sequencer (checked first)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

@@ -1,8 +1,6 @@
-"""A detached service process (a ZooKeeper server, a Spark master or worker) run from a folder.
-
-Each runs in its own session and process group (it outlives its starter; stopping takes its
-children), known by a pid file and a log file. With ``DELTAWHEEL_SERVERS_DIE_WITH=<pid>``, a
-watchdog stops every service started under it once that pid is gone."""
+"""A detached service process (a ZooKeeper server, a Spark master or worker) run from a folder, in its
+own session and process group, known by a pid file and a log file; with ``DELTAWHEEL_SERVERS_DIE_WITH``
+set to a pid, a watchdog stops every service started under it once that pid is gone."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Delta log checkpoints written by a background thread of the driver, off the commit path.
-
-Only versions this process committed (:func:`note_commit`) are checkpointed, one writer per file,
-and only tables whose interval is :data:`COMMIT_CHECKPOINT_INTERVAL`. docs/performance.md."""
+"""Delta log checkpoints of the versions this process committed, written by a background thread of
+the driver off the commit path (tables of :data:`COMMIT_CHECKPOINT_INTERVAL`). docs/performance.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """What Delta's streaming source read in one micro-batch, from the query checkpoint and the table's log.
 
-A batch reads from where ``offsets/<batch - 1>`` ended to ``offsets/<batch>``. Anything but the
-plain case gives None (the caller asks Spark); a failed remote read raises ``OSError``.
-docs/embedding.md, "Direct read"; docs/replay.md, "Input positions per commit"."""
+Anything but the plain case gives None (the caller asks Spark); a failed remote read raises
+``OSError``. docs/embedding.md, "Direct read"; docs/replay.md, "Input positions per commit"."""
 
 from __future__ import annotations
 

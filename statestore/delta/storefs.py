@@ -1,7 +1,5 @@
-"""A store's files as Python reaches them: a pyarrow file system plus a root.
-
-A local folder or ``s3a://`` (from the session's ``fs.s3a.*`` settings); any other scheme gets
-None. A file is complete before anything names it. docs/objectstore-fastpath.md."""
+"""A store's files as Python reaches them (a local folder or ``s3a://``; any other scheme: None);
+a file is complete before anything names it. docs/objectstore-fastpath.md."""
 
 from __future__ import annotations
 

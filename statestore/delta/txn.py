@@ -1,7 +1,5 @@
-"""Delta transactions at the file level, through Delta's own transaction API.
-
-Whole files are removed and added in one ``OptimisticTransaction`` with a read predicate per
-partition; deliveries carry a ``SetTransaction`` per producing interval (idempotent retries)."""
+"""Delta transactions at the file level through Delta's own transaction API: whole files removed and
+added, a read predicate per partition, a ``SetTransaction`` per producing interval of a delivery."""
 
 from __future__ import annotations
 
@@ -168,13 +166,12 @@ class TableLog:
                 for a in snap.adds:
                     pv = {str(k): str(v) for k, v in (a.get("partitionValues") or {}).items()}
                     if where(pv):
-                        entries.append(FileEntry(path=str(a["path"]),
-                                                 partition_values=tuple(sorted(pv.items())),
-                                                 size=int(a["size"]),
-                                                 has_deletion_vector=bool(a.get("deletionVector")),
-                                                 action_json=json.dumps({"add": a}),
-                                                 added_at=snap.added_at.get(str(a["path"])),
-                                                 added_exact=str(a["path"]) in snap.added_at and str(a["path"]) not in snap.bounded))
+                        path = str(a["path"])
+                        entries.append(FileEntry(
+                            path=path, partition_values=tuple(sorted(pv.items())), size=int(a["size"]),
+                            has_deletion_vector=bool(a.get("deletionVector")),
+                            action_json=json.dumps({"add": a}), added_at=snap.added_at.get(path),
+                            added_exact=path in snap.added_at and path not in snap.bounded))
                 return snap.version, entries
         txn = self._log.startTransaction()
         cc = self._d.cc
@@ -243,10 +240,10 @@ class TableLog:
                check: Callable[[], None] | None = None, known_version: int | None = None) -> int | None:
         """One Delta transaction: remove files, add files (``add`` action JSON), set app versions.
 
-        ``read_partitions``: SQL predicates recorded as read. ``untouched_since`` = (version,
-        partitions): raise :class:`StaleFilesError` if a later commit touched them. ``check`` runs
-        once the snapshot is taken (raise to abort). ``known_version``: if the JVM's snapshot is at
-        it, the log is not listed first. Returns the new version; raises whatever Delta raises."""
+        ``read_partitions``: SQL predicates recorded as read; ``untouched_since`` = (version, partitions):
+        :class:`StaleFilesError` if a later commit touched them; ``check`` runs once the snapshot is taken
+        (raise to abort); ``known_version``: the JVM's snapshot at it is used without listing the log.
+        Returns the new version; raises whatever Delta raises."""
         held = self._log.unsafeVolatileSnapshot() if known_version is not None else None
         at: int | None = None
         if held is not None and int(held.version()) == known_version:

@@ -1,7 +1,5 @@
-"""Idempotent writes of productions, dead letters and late records.
-
-Delivery is an insert-only Delta MERGE keyed by record id: a repeated delivery adds no row, and a
-conflicting concurrent one is retried and inserts only what is missing."""
+"""Idempotent writes of productions, dead letters and late records: an insert-only Delta MERGE keyed
+by record id, retried on a conflict."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """An interval's record ids apart from its state: one small ids file per batch (image path).
 
-Each batch's ids file lands in the same Delta commit as its new image (state and ids stay atomic);
-rows keyed ``IDS_KEY_PREFIX`` + user key. Workers cache the immutable files by path; a file is
-dropped whole past the dedup horizon. Layout and levels: docs/tables.md, "The rows table"."""
+Workers cache the immutable files by path. Layout and levels: docs/tables.md, "The rows table"."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import random
 import time
 from typing import Any, Mapping, Sequence
 
-from ...delta.log import commit_infos
+from ...delta.log import commit_infos, user_metadata
 from ...delta.storefs import TableFiles, table_files
 from ...delta.txn import FileEntry, StaleFilesError, TableLog, decode_path, new_add
 from ...exceptions import CommitConflictError, StaleSequencerError
@@ -348,12 +348,8 @@ class ImagePath(WritePath[BatchOutput]):
         """Raise StaleSequencerError on a newer claim or fence of an owned interval after ``version``."""
         mine = self.owner.sequencers
         for _v, info in commit_infos(self.rows_files, after=version) or ():
-            try:
-                meta = json.loads(info.get("userMetadata") or "{}")
-            except ValueError:
-                continue
-            if not isinstance(meta, dict) or meta.get("kind") not in ("claim", "fence") \
-                    or meta.get("computation") != self.name:
+            meta = user_metadata(info.get("userMetadata")) or {}
+            if meta.get("kind") not in ("claim", "fence") or meta.get("computation") != self.name:
                 continue
             newer = {int(iv): int(seq) for iv, seq in (meta.get("sequencers") or {}).items()
                      if int(iv) in mine and int(seq) > mine[int(iv)]}

@@ -4,11 +4,10 @@ A checkpoint not yet delivered goes as its commit's own delivery (:func:`resolve
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ...delta.log import commit_info, json_commit_versions
+from ...delta.log import commit_info, json_commit_versions, user_metadata
 from ...delta.storefs import TableFiles
 from ...delta.txn import FileEntry, decode_path
 from ...rowtable.rows import FENCE_KEY, Production
@@ -108,11 +107,8 @@ def resolve(rows_files: TableFiles, c: Checkpoint, delivered: int, *, name: str)
     for v in range(c.version, delivered, -1):  # newest first: usually the bound itself
         if v not in present:
             return False  # the log was cleaned up past it: cannot tell
-        try:
-            meta = json.loads((commit_info(rows_files, v) or {}).get("userMetadata") or "{}")
-        except ValueError:
-            continue
-        if isinstance(meta, dict) and meta.get("commit_id") == c.commit_id:
+        meta = user_metadata((commit_info(rows_files, v) or {}).get("userMetadata")) or {}
+        if meta.get("commit_id") == c.commit_id:
             if meta.get("kind") == "commit" and meta.get("write_path") == "image" \
                     and meta.get("computation") == name:
                 c.version, c.exact = v, True

@@ -1,7 +1,5 @@
-"""What the image path's tasks hand to the driver: one summary per interval they ran.
-
-Summaries travel as Arrow rows of :data:`SUMMARY_DDL`; one that is :class:`Fenced` makes the
-driver raise ``StaleViewError``."""
+"""What the image path's tasks hand to the driver: one summary per interval they ran, as Arrow rows
+of :data:`SUMMARY_DDL`; one that is :class:`Fenced` makes the driver raise ``StaleViewError``."""
 
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT,
                "prod_files ARRAY<STRUCT<stream: STRING, path: STRING, size: BIGINT, num_rows: BIGINT, min_ts: BIGINT>>, "
                f"side ARRAY<{_SIDE}>, records_in BIGINT, processed BIGINT, duplicates BIGINT, fired BIGINT, "
                "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, ids_expired BIGINT, "
-               "keys_expired BIGINT, oldest_ms BIGINT, "
-               "next_proc_ms BIGINT, bloom_checked BIGINT, bloom_maybe BIGINT, bloom_false_pos BIGINT, "
-               "bloom_bytes BIGINT, images_read BIGINT, "
+               "keys_expired BIGINT, oldest_ms BIGINT, next_proc_ms BIGINT, bloom_checked BIGINT, "
+               "bloom_maybe BIGINT, bloom_false_pos BIGINT, bloom_bytes BIGINT, images_read BIGINT, "
                "obs_min BIGINT, obs_max BIGINT, "
                "fenced STRUCT<computation: STRING, sequencer: BIGINT, ours: BIGINT>")
 
@@ -87,9 +84,7 @@ class SideRecord:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> SideRecord:
         """A ``side`` element of a summary row."""
-        return cls(kind=row["kind"], record_id=row.get("record_id"), key=row.get("key"), value=row.get("value"),
-                   codec=row.get("codec"), timestamp_ms=row.get("timestamp_ms"), stream=row.get("stream"),
-                   position=row.get("position"), error=row.get("error"))
+        return cls(kind=row["kind"], **{f.name: row.get(f.name) for f in fields(cls) if f.name != "kind"})
 
 
 @dataclass(frozen=True)

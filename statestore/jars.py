@@ -13,8 +13,8 @@ from pathlib import Path
 
 from .exceptions import JarFetchError
 
-__all__ = ["MAVEN_CENTRAL", "DELTA_VERSION", "BUNDLED_JARS_DIR", "DELTA_JARS", "default_jars_dir", "fetch_maven_jar",
-           "ensure_delta_jars", "compile_jar"]
+__all__ = ["MAVEN_CENTRAL", "DELTA_VERSION", "BUNDLED_JARS_DIR", "DELTA_JARS", "default_jars_dir",
+           "fetch_maven_jar", "ensure_delta_jars", "compile_jar"]
 
 MAVEN_CENTRAL = os.environ.get("DELTAWHEEL_MAVEN_REPO", "https://repo1.maven.org/maven2")
 
@@ -84,7 +84,8 @@ def fetch_maven_jar(group: str, artifact: str, version: str, dest_dir: Path, *, 
         _download(url, dest)
     except Exception as first:
         try:
-            _mvn_copy(f"{group}:{artifact}:{version}" + (f":jar:{classifier}" if classifier else ""), dest_dir)
+            _mvn_copy(f"{group}:{artifact}:{version}" + (f":jar:{classifier}" if classifier else ""),
+                      dest_dir)
         except Exception as second:
             raise JarFetchError(f"could not fetch {name}: download from {url} failed ({first}); mvn "
                                 f"dependency:copy failed ({second}). Put the jar into {dest_dir} by hand"

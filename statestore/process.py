@@ -219,7 +219,8 @@ class DetachedProcess:
 def die_with(watched: int, group: int) -> None:
     """Start the watchdog that stops process group ``group`` once process ``watched`` is gone."""
     subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(watched), str(group)], stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                     close_fds=True)
 
 
 def _group_members(pgid: int) -> list[int]:

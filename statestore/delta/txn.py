@@ -4,14 +4,13 @@ added, a read predicate per partition, a ``SetTransaction`` per producing interv
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote, unquote
 
 from ..exceptions import StaleFilesError
-from .jvm import jsession
+from .jvm import jsession, per_owner
 from .jvm import jvm as jvm_of
 from .log import LogSnapshot, read_snapshot
 from .maintenance import note_commit
@@ -86,21 +85,6 @@ class _DeltaJvm:
         self.delta_log = jvm.org.apache.spark.sql.delta.DeltaLog
 
 
-_JVMS: dict[int, tuple[Any, _DeltaJvm]] = {}  # id(py4j JVM view) -> (the view, its classes)
-_JVMS_LOCK = threading.Lock()
-
-
-def _delta_jvm(jvm: Any) -> _DeltaJvm:
-    got = _JVMS.get(id(jvm))
-    if got is not None and got[0] is jvm:
-        return got[1]
-    with _JVMS_LOCK:
-        got = _JVMS.get(id(jvm))
-        if got is None or got[0] is not jvm:  # a stopped session's id may be reused
-            got = _JVMS[id(jvm)] = (jvm, _DeltaJvm(jvm))
-        return got[1]
-
-
 class TableLog:
     """File-level reads and commits of one Delta table (driver side); the JVM is reached on first use."""
 
@@ -120,7 +104,7 @@ class TableLog:
     @property
     def _d(self) -> _DeltaJvm:
         if self._j is None:
-            self._j = _delta_jvm(self._jvm)
+            self._j = per_owner("txn", self._jvm, lambda: _DeltaJvm(self._jvm))
         return self._j
 
     @property

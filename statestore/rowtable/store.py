@@ -296,9 +296,11 @@ class RowStore:
                                 duration_s=time.monotonic() - started, dry_run=True, plan=tuple(plan))
         # 3: the MERGE source: rows, deletions, fences
         src = [r.to_row() | {"_op": "upsert"} for r in images]
-        src += [_source_row(computation, k, iv, sequencers[iv], commit_id, now, "delete") for iv, k in deletes]
+        src += [_source_row(computation, k, iv, sequencers[iv], commit_id, now, "delete")
+                for iv, k in deletes]
         src += [_source_row(computation, FENCE_KEY, iv, sequencers[iv], commit_id, now,
-                            REPLACE_FILES_OP if iv in sets else "upsert", state=sets.get(iv)) for iv in touched]
+                            REPLACE_FILES_OP if iv in sets else "upsert", state=sets.get(iv))
+                for iv in touched]
         if kind == "fence":  # an acquisition reads no input
             meta = {**inputfiles.no_input_entry(), **(meta or {})}
         res = self._commit_source(computation, src, None, sequencers=sequencers, touched=touched,
@@ -317,8 +319,8 @@ class RowStore:
             self._require_sequencer(sequencers, iv, FENCE_KEY)
         now = self.clock.now_ms()
         files = inputfiles.encode(input_files) if input_files else None
-        fences = [_source_row(computation, FENCE_KEY, iv, sequencers[iv], commit_id, now, "upsert", state=files)
-                  for iv in intervals]
+        fences = [_source_row(computation, FENCE_KEY, iv, sequencers[iv], commit_id, now, "upsert",
+                              state=files) for iv in intervals]
         return self._commit_source(computation, fences, frame, sequencers=sequencers, touched=sorted(intervals),
                                    commit_id=commit_id, kind="commit", lease_check=lease_check,
                                    conflict_retries=None, started=time.monotonic(), n_rows=0, n_deletes=0,
@@ -329,8 +331,8 @@ class RowStore:
                        lease_check: Callable[[], None] | None, conflict_retries: int | None,
                        started: float, n_rows: int, n_deletes: int,
                        meta: Mapping[str, Any] | None = None) -> CommitResult:
-        info = json.dumps({**(meta or {}), "deltawheel": COMMIT_META_VERSION, "kind": kind, "writer": self.writer,
-                           "computation": computation, "commit_id": commit_id,
+        info = json.dumps({**(meta or {}), "deltawheel": COMMIT_META_VERSION, "kind": kind,
+                           "writer": self.writer, "computation": computation, "commit_id": commit_id,
                            "sequencers": {str(iv): sequencers[iv] for iv in touched}}, sort_keys=True)
         attempts = 0
         with self._lock:

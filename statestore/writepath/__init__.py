@@ -45,7 +45,7 @@ class WritePath(ABC, Generic[BatchT]):
 
     @abstractmethod
     def load(self) -> None:
-        """Refresh the tasks' view of the owned rows (after :class:`StaleViewError`); never over a takeover."""
+        """Read the owned rows again after :class:`StaleViewError`; StaleSequencerError over a takeover."""
 
     @abstractmethod
     def commit(self, batch: BatchT, *, commit_id: str, meta: Mapping[str, Any]) -> bool:

@@ -131,7 +131,8 @@ def _recorded(batch_id: int) -> list[Any]:
     from pyspark.sql import functions as F
 
     return [F.lit(batch_id).cast("bigint").alias("batch_id"),
-            F.lit(int(time.time() * 1000)).cast("bigint").alias("recorded_ms"), F.lit(1).alias("format_version")]
+            F.lit(int(time.time() * 1000)).cast("bigint").alias("recorded_ms"),
+            F.lit(1).alias("format_version")]
 
 
 def record_late(spark: Any, layout: StoreLayout, frame: Any, *, computation: str, watermark_ms: int | None,

@@ -15,9 +15,9 @@ from .files import IDS_FILE_TAG, ids_level
 from .idhash import id_hashes
 from .summary import ImageFile
 
-__all__ = ["IdsFile", "adopt", "apart_held", "forget_below", "hash_index", "keep_index", "within", "load_ids_file",
-           "pick_ids", "split_legacy", "empty_flat", "plan_compaction", "write_ids_file", "FAN_IN",
-           "BUCKETS_PER_HORIZON"]
+__all__ = ["IdsFile", "adopt", "apart_held", "forget_below", "hash_index", "keep_index", "within",
+           "load_ids_file", "pick_ids", "split_legacy", "empty_flat", "plan_compaction", "write_ids_file",
+           "FAN_IN", "BUCKETS_PER_HORIZON"]
 
 FAN_IN = 8  # files of one level and bucket merged into one of the next level
 BUCKETS_PER_HORIZON = 4  # time buckets per dedup retention (files of different buckets never merge)
@@ -212,9 +212,7 @@ def write_ids_file(flat: Any, rows_root: TableFiles, *, computation: str, interv
                    schema: Any, sequencer: int, commit_id: str, now_ms: int, format_version: int,
                    remember: bool = True, hashes: Any = None) -> tuple[ImageFile, IdsFile]:
     """Write the ids ``flat`` as an ids file of ``level``, one row per key; invisible until committed.
-
-    ``remember``: keep it in this worker's cache (:func:`adopt`; only from the task's thread).
-    ``hashes``: the ids' ``id_hashes`` in ``flat``'s order, so its index is kept with it."""
+    ``remember``: cache it (:func:`adopt`; task's thread only); ``hashes``: the ids' ``id_hashes``."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -239,7 +237,8 @@ def write_ids_file(flat: Any, rows_root: TableFiles, *, computation: str, interv
             "commit_id": pa.repeat(pa.scalar(commit_id, pa.string()), n),
             "updated_ms": pa.array(np.full(n, now_ms, dtype=np.int64)),
             "format_version": pa.array(np.full(n, format_version, dtype=np.int32))}
-    table = pa.table({f.name: made[f.name] if f.name in made else pa.nulls(n, f.type) for f in schema}).cast(schema)
+    table = pa.table({f.name: made[f.name] if f.name in made else pa.nulls(n, f.type)
+                      for f in schema}).cast(schema)
     rel = partition_file_name(computation, interval, f"{IDS_FILE_TAG}{level}")
     written = ImageFile(rel, write_file(table, rows_root, rel), table.num_rows)
     got = IdsFile(rel, level, now_ms, flat)

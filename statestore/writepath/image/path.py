@@ -38,12 +38,8 @@ class _DeliveredMeanwhile(Exception):
 
 
 class ImagePath(WritePath[BatchOutput]):
-    """The image write path of computation ``name``'s owned intervals (holds their file lists).
-
-    Args:
-        layout: a store whose files Python reaches (:func:`~...delta.storefs.supports`).
-        retention_ms: the dedup retention (None: no dedup).
-    """
+    """The image write path of computation ``name``'s owned intervals (holds their file lists), on a
+    store whose files Python reaches; ``retention_ms``: the dedup retention (None: no dedup)."""
 
     deliver_in_background = True
 
@@ -186,10 +182,8 @@ class ImagePath(WritePath[BatchOutput]):
         return out
 
     def redeliver(self, checkpoints: Sequence[Checkpoint]) -> int:
-        """Deliver checkpoints of known commits as their own deliveries would have; returns how many.
-
-        The append records the interval's application version = that commit's, so a zombie's late
-        delivery of the same commit and this one cannot both land."""
+        """Deliver checkpoints of known commits as their own deliveries would have (the same application
+        version: a zombie's late delivery of that commit cannot land too); returns how many."""
         n = 0
         for c in checkpoints:
             assert c.version is not None
@@ -240,7 +234,8 @@ class ImagePath(WritePath[BatchOutput]):
         seqs = self.owner.sequencers
         info = json.dumps({**(meta or {}), "deltawheel": COMMIT_META_VERSION, "kind": "commit",
                            "writer": self.owner.store.writer, "computation": name, "commit_id": commit_id,
-                           "write_path": "image", "sequencers": {str(iv): seqs[iv] for iv in ivs}}, sort_keys=True)
+                           "write_path": "image", "sequencers": {str(iv): seqs[iv] for iv in ivs}},
+                          sort_keys=True)
         parts = {iv: {"computation": name, "interval": str(iv)} for iv in ivs}
         made = {iv: [f for f in (s.image, s.ids_file, s.ids_merged) if f is not None] for iv, s in new}
         adds = {iv: [new_add(f.path, parts[iv], f.size, f.rows) for f in made[iv]] for iv in ivs}

@@ -142,15 +142,12 @@ class IntervalSummary:
 
     def to_row(self) -> dict[str, Any]:
         """The summary as a row of :data:`SUMMARY_DDL`."""
-        img, ids, m = self.image, self.ids_file, self.ids_merged
-        row: dict[str, Any] = {"interval": self.interval, "new_path": img.path if img else None,
-                               "new_size": img.size if img else None, "new_rows": img.rows if img else None,
-                               "ids_path": ids.path if ids else None, "ids_size": ids.size if ids else None,
-                               "ids_rows": ids.rows if ids else None, "ids_removed": list(self.ids_removed),
-                               "merged_path": m.path if m else None, "merged_size": m.size if m else None,
-                               "merged_rows": m.rows if m else None,
+        row: dict[str, Any] = {"interval": self.interval, "ids_removed": list(self.ids_removed),
                                "prod_files": [p.to_row() for p in self.prod_files],
                                "side": [s.to_row() for s in self.side]}
+        for prefix, img in (("new", self.image), ("ids", self.ids_file), ("merged", self.ids_merged)):
+            row.update({f"{prefix}_path": img and img.path, f"{prefix}_size": img and img.size,
+                        f"{prefix}_rows": img and img.rows})
         row.update((c, getattr(self, c)) for c in _COUNTS)
         f = self.fenced
         row.update(oldest_ms=self.oldest_ms, next_proc_ms=self.next_proc_ms, obs_min=self.obs_min,

@@ -34,12 +34,8 @@ class MergeBatch:
 
 
 class MergePath(WritePath[MergeBatch]):
-    """The fenced MERGE write path of computation ``name``'s owned intervals.
-
-    Args:
-        track_oldest: keep each interval's oldest work from the committed rows (for watermarks).
-        dedup: the computation deduplicates record ids: intervals holding ids files are refused.
-    """
+    """The fenced MERGE write path of computation ``name``'s owned intervals; ``track_oldest``: keep each
+    interval's oldest work (for watermarks); ``dedup``: refuse intervals holding ids files."""
 
     def __init__(self, spark: Any, layout: StoreLayout, owner: IntervalOwner, *, name: str,
                  outputs: Sequence[str], track_oldest: bool, dedup: bool = True) -> None:

@@ -71,8 +71,7 @@ class RetryableError(DeltaWheelError):
 
 
 class DiskFullError(RetryableError):
-    """A write failed for lack of space (``No space left on device``, a quota): nothing of what it
-    wrote counts; once space is freed the same command goes on."""
+    """A write failed for lack of space (a full disk, a quota): nothing it wrote counts; free some, rerun."""
 
 
 def disk_full(exc: BaseException) -> bool:
@@ -310,10 +309,8 @@ class StaleFilesError(RetryableError):
 
 
 class StaleViewError(RetryableError):
-    """The writer's view of its partitions is out of date; nothing of the batch was committed.
-
-    Raised at step 3 or 5: reload the view (typed after a takeover) and run steps 3-5 again.
-    ``interval``, ``sequencer`` (None: no fence row), ``ours``: another writer's fence an image task found."""
+    """The writer's view of its partitions is out of date; nothing of the batch was committed: reload
+    it and run steps 3-5 again. ``interval``, ``sequencer`` (None: no fence row), ``ours``: a fence found."""
 
     def __init__(self, message: str, *, interval: int | None = None, sequencer: int | None = None,
                  ours: int | None = None) -> None:

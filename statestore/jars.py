@@ -13,8 +13,8 @@ from pathlib import Path
 
 from .exceptions import JarFetchError
 
-__all__ = ["MAVEN_CENTRAL", "DELTA_VERSION", "BUNDLED_JARS_DIR", "DELTA_JARS", "default_jars_dir", "fetch_maven_jar", "ensure_delta_jars",
-           "compile_jar"]
+__all__ = ["MAVEN_CENTRAL", "DELTA_VERSION", "BUNDLED_JARS_DIR", "DELTA_JARS", "default_jars_dir",
+           "fetch_maven_jar", "ensure_delta_jars", "compile_jar"]
 
 MAVEN_CENTRAL = os.environ.get("DELTAWHEEL_MAVEN_REPO", "https://repo1.maven.org/maven2")
 
@@ -55,17 +55,14 @@ def _download(url: str, dest: Path) -> None:
     tmp.replace(dest)
 
 
-def _mvn_copy(group: str, artifact: str, version: str, dest_dir: Path, *, coords: str | None = None) -> None:
+def _mvn_copy(coords: str, dest_dir: Path) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise JarFetchError("fetching over HTTPS failed and mvn is not installed to try Maven's own resolver; "
                             "install Maven (Debian: apt-get install maven) or fix the network route to Maven "
                             "Central, then run 'deltawheel setup' again")
-    subprocess.run(
-        [mvn, "-q", "dependency:copy", f"-Dartifact={coords or f'{group}:{artifact}:{version}'}",
-         f"-DoutputDirectory={dest_dir}"],
-        check=True, capture_output=True, timeout=600,
-    )
+    subprocess.run([mvn, "-q", "dependency:copy", f"-Dartifact={coords}", f"-DoutputDirectory={dest_dir}"],
+                   check=True, capture_output=True, timeout=600)
 
 
 def fetch_maven_jar(group: str, artifact: str, version: str, dest_dir: Path, *, classifier: str | None = None,
@@ -87,8 +84,8 @@ def fetch_maven_jar(group: str, artifact: str, version: str, dest_dir: Path, *, 
         _download(url, dest)
     except Exception as first:
         try:
-            coords = f"{group}:{artifact}:{version}" + (f":jar:{classifier}" if classifier else "")
-            _mvn_copy(group, artifact, version, dest_dir, coords=coords)
+            _mvn_copy(f"{group}:{artifact}:{version}" + (f":jar:{classifier}" if classifier else ""),
+                      dest_dir)
         except Exception as second:
             raise JarFetchError(f"could not fetch {name}: download from {url} failed ({first}); mvn "
                                 f"dependency:copy failed ({second}). Put the jar into {dest_dir} by hand"

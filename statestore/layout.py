@@ -1,7 +1,5 @@
-"""Where a store keeps its tables: one folder (or object-store prefix) of Delta tables.
-
-Each table is a property of :class:`StoreLayout`; ``<root>/_gc/`` holds what ``deltawheel gc
---apply`` read of the rows table's log (local stores). docs/tables.md describes every table."""
+"""Where a store keeps its tables: one folder (or object-store prefix) of Delta tables, each a
+property of :class:`StoreLayout`. docs/tables.md describes every table."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""A detached service process (a ZooKeeper server, a Spark master or worker) run from a folder.
-
-Each runs in its own session and process group (it outlives its starter; stopping takes its
-children), known by a pid file and a log file. With ``DELTAWHEEL_SERVERS_DIE_WITH=<pid>``, a
-watchdog stops every service started under it once that pid is gone."""
+"""A detached service process (a ZooKeeper server, a Spark master or worker) run from a folder, in its
+own session and process group, known by a pid file and a log file; with ``DELTAWHEEL_SERVERS_DIE_WITH``
+set to a pid, a watchdog stops every service started under it once that pid is gone."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -143,11 +142,9 @@ class DetachedProcess:
         """Start ``cmd`` detached (its own session), log to :attr:`log_file`; write and return its pid."""
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log:
-            self._proc = subprocess.Popen(
-                [*self.prefix, *cmd], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, close_fds=True, cwd=str(cwd),
-                env=None if env is None else dict(env),
-            )
+            self._proc = subprocess.Popen([*self.prefix, *cmd], stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                                          cwd=str(cwd), env=None if env is None else dict(env))
         self.pid_file.write_text(f"{self._proc.pid}\n")
         watched = os.environ.get(DIE_WITH_ENV, "").strip()
         if watched.isdigit():
@@ -170,9 +167,7 @@ class DetachedProcess:
             time.sleep(0.1)
 
     def stop(self, *, timeout_s: float = 15.0) -> bool:
-        """SIGTERM to the process group, SIGKILL after ``timeout_s``; remove the pid file.
-
-        Returns True if a running process was stopped."""
+        """SIGTERM to the process group, SIGKILL after ``timeout_s``; remove the pid file; whether it ran."""
         pid = self.pid()
         if pid is not None:
             self.kill_group(pid, timeout_s=timeout_s)
@@ -223,11 +218,9 @@ class DetachedProcess:
 
 def die_with(watched: int, group: int) -> None:
     """Start the watchdog that stops process group ``group`` once process ``watched`` is gone."""
-    subprocess.Popen(
-        [sys.executable, "-c", _WATCHDOG, str(watched), str(group)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, close_fds=True,
-    )
+    subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(watched), str(group)], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                     close_fds=True)
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -261,7 +254,5 @@ def _zombie(pid: int) -> bool:
 
 def _reap(pid: int) -> None:
     """Collect a zombie child of this process (no-op for other processes' children)."""
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass

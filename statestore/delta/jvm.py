@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+import threading
+from typing import Any, Callable, TypeVar
 
 from ..exceptions import SparkConnectSessionError
 
-__all__ = ["jvm", "jsession", "activate", "jcontext", "jframe", "gateway", "require_classic_session", "java_errors"]
+__all__ = ["jvm", "jsession", "activate", "jcontext", "jframe", "gateway", "require_classic_session",
+           "java_errors", "per_owner"]
+
+_T = TypeVar("_T")
+_OWNED: dict[tuple[str, int], tuple[Any, Any]] = {}  # (kind, id(owner)) -> (the owner, its value)
+_OWNED_LOCK = threading.Lock()
 
 
 def jvm(spark: Any) -> Any:
@@ -40,6 +46,18 @@ def jframe(df: Any) -> Any:
 def gateway(spark: Any) -> Any:
     """The py4j ``JavaGateway`` of ``spark``'s driver (to start its callback server)."""
     return spark.sparkContext._gateway  # noqa: SLF001 - pyspark has no public accessor
+
+
+def per_owner(kind: str, owner: Any, make: Callable[[], _T]) -> _T:
+    """``make()``, made once per ``kind`` and live ``owner`` (a py4j JVM view, a ``SparkContext``)."""
+    got = _OWNED.get((kind, id(owner)))
+    if got is not None and got[0] is owner:
+        return got[1]  # type: ignore[no-any-return]
+    with _OWNED_LOCK:
+        got = _OWNED.get((kind, id(owner)))
+        if got is None or got[0] is not owner:  # a stopped owner's id may be reused
+            got = _OWNED[(kind, id(owner))] = (owner, make())
+        return got[1]
 
 
 def require_classic_session(spark: Any) -> None:

@@ -1,7 +1,5 @@
-"""The live files of a Delta table, read from its log without Spark.
-
-Replays the newest complete checkpoint and the JSON commits after it; anything it does not fully
-understand returns ``None`` and the caller goes to Delta. docs/architecture-deltalog.md."""
+"""The live files of a Delta table, read from its log without Spark (None where it does not fully
+understand the log: the caller goes to Delta). docs/architecture-deltalog.md."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from .storefs import TableFiles, local_path
 
 __all__ = ["LogSnapshot", "read_snapshot", "log_files", "local_table_exists", "local_path", "commit_infos",
            "commit_info", "commit_info_in", "json_commit_versions", "damaged_entry", "DAMAGE_DOC",
-           "newest_commit_info"]
+           "newest_commit_info", "user_metadata"]
 
 DAMAGE_DOC = "docs/store-damage.md"
 
@@ -26,6 +24,17 @@ def damaged_entry(file: str, exc: Exception) -> StoreDamagedError:
     return StoreDamagedError(
         f"Delta log entry {file} is truncated or corrupt ({type(exc).__name__}: {exc}); nothing was written. "
         f"Restore that file from a backup of the store, then start again ({DAMAGE_DOC})")
+
+
+def user_metadata(text: object) -> dict[str, Any] | None:
+    """A commit's ``userMetadata`` as a JSON object (None: none, not JSON, or not an object)."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
 
 
 def _parse(line: str, file: str) -> Any:
@@ -97,10 +106,7 @@ def local_table_exists(path: str | TableFiles) -> bool | None:
 
 def latest_local_version(path: str | TableFiles) -> int | None:
     """The newest JSON commit version of a table; None if remote (a URI string) or it has no JSON commit."""
-    listing = _log_names(path)
-    if listing is None:
-        return None
-    versions = _commit_versions(listing[1])
+    versions = json_commit_versions(path)
     return versions[-1] if versions else None
 
 

@@ -1,7 +1,5 @@
-"""Delta log checkpoints written by a background thread of the driver, off the commit path.
-
-Only versions this process committed (:func:`note_commit`) are checkpointed, one writer per file,
-and only tables whose interval is :data:`COMMIT_CHECKPOINT_INTERVAL`. docs/performance.md."""
+"""Delta log checkpoints of the versions this process committed, written by a background thread of
+the driver off the commit path (tables of :data:`COMMIT_CHECKPOINT_INTERVAL`). docs/performance.md."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from .checkpoints import newest_checkpoint
-from .jvm import jsession
+from .jvm import jsession, per_owner
 from .jvm import jvm as jvm_of
 from .log import log_files
 from .storefs import table_files
@@ -149,15 +147,9 @@ class _Classes:
         self.none = jvm.scala.Option.empty()
 
 
-_CLASSES: dict[int, tuple[Any, _Classes]] = {}
-
-
 def _classes(spark: Any) -> _Classes:
     jvm = jvm_of(spark)
-    got = _CLASSES.get(id(jvm))
-    if got is None or got[0] is not jvm:
-        got = _CLASSES[id(jvm)] = (jvm, _Classes(jvm))
-    return got[1]
+    return per_owner("maintenance", jvm, lambda: _Classes(jvm))
 
 
 def _delta_log(spark: Any, path: str) -> Any:
@@ -173,21 +165,9 @@ def _newest_checkpoint(files: Any, log: Any) -> int:
     return int(log.unsafeVolatileSnapshot().checkpointProvider().version())
 
 
-_CHECKPOINTERS: dict[int, tuple[Any, LogCheckpointer]] = {}
-_LOCK = threading.Lock()
-
-
 def checkpointer(spark: Any) -> LogCheckpointer:
     """The :class:`LogCheckpointer` of ``spark``'s ``SparkContext`` (made on first use)."""
-    sc = spark.sparkContext
-    got = _CHECKPOINTERS.get(id(sc))
-    if got is not None and got[0] is sc:
-        return got[1]
-    with _LOCK:
-        got = _CHECKPOINTERS.get(id(sc))
-        if got is None or got[0] is not sc:  # a stopped context's id may be reused
-            got = _CHECKPOINTERS[id(sc)] = (sc, LogCheckpointer(spark))
-        return got[1]
+    return per_owner("checkpointer", spark.sparkContext, lambda: LogCheckpointer(spark))
 
 
 def note_commit(spark: Any, path: str, version: int) -> None:

@@ -1,8 +1,7 @@
 """What Delta's streaming source read in one micro-batch, from the query checkpoint and the table's log.
 
-A batch reads from where ``offsets/<batch - 1>`` ended to ``offsets/<batch>``. Anything but the
-plain case gives None (the caller asks Spark); a failed remote read raises ``OSError``.
-docs/embedding.md, "Direct read"; docs/replay.md, "Input positions per commit"."""
+Anything but the plain case gives None (the caller asks Spark); a failed remote read raises
+``OSError``. docs/embedding.md, "Direct read"; docs/replay.md, "Input positions per commit"."""
 
 from __future__ import annotations
 
@@ -39,13 +38,9 @@ class SourceOffset:
 
     def boundary(self) -> int | None:
         """The first version not read yet when the offset is at a version boundary, else None."""
-        if self.starting:
+        if self.starting or self.index not in (BASE_INDEX, END_INDEX):
             return None
-        if self.index == BASE_INDEX:
-            return self.version
-        if self.index == END_INDEX:
-            return self.version + 1
-        return None
+        return self.version + 1 if self.index == END_INDEX else self.version
 
 
 def files_of(where: Where) -> TableFiles | None:
@@ -151,9 +146,7 @@ def batch_adds(checkpoint: Where, batch_id: int, table: Where) -> tuple[dict[str
                 act = json.loads(line)
             except ValueError:
                 return None
-            if "metaData" in act:
-                return None
-            if "remove" in act and act["remove"].get("dataChange", True):
+            if "metaData" in act or ("remove" in act and act["remove"].get("dataChange", True)):
                 return None
             add = act.get("add")
             if add is None or not add.get("dataChange", True):

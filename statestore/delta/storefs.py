@@ -1,7 +1,5 @@
-"""A store's files as Python reaches them: a pyarrow file system plus a root.
-
-A local folder or ``s3a://`` (from the session's ``fs.s3a.*`` settings); any other scheme gets
-None. A file is complete before anything names it. docs/objectstore-fastpath.md."""
+"""A store's files as Python reaches them (a local folder or ``s3a://``; any other scheme: None);
+a file is complete before anything names it. docs/objectstore-fastpath.md."""
 
 from __future__ import annotations
 
@@ -142,13 +140,10 @@ class TableFiles:
 
     def read_text(self, rel: str) -> str | None:
         """A text file's content (None: no such file)."""
-        if self.s3 is None:
-            try:
+        try:
+            if self.s3 is None:
                 with open(self.path(rel), encoding="utf-8") as fh:
                     return fh.read()
-            except FileNotFoundError:
-                return None
-        try:
             with self.fs.open_input_stream(self.path(rel)) as fh:
                 return bytes(fh.read()).decode("utf-8")
         except FileNotFoundError:
@@ -199,19 +194,14 @@ class TableFiles:
 
     def delete(self, rel: str) -> bool:
         """Delete the file ``rel`` and a local Hadoop ``.crc`` beside it (False: there was none)."""
-        if self.s3 is None:
-            path = self.path(rel)
-            try:
-                os.remove(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.crc"))
-            except FileNotFoundError:
-                pass
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                return False
-            return True
+        path = self.path(rel)
         try:
-            self.fs.delete_file(self.path(rel))
+            if self.s3 is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.crc"))
+                os.remove(path)
+            else:
+                self.fs.delete_file(path)
         except FileNotFoundError:
             return False
         return True

@@ -1,19 +1,16 @@
-"""Delta transactions at the file level, through Delta's own transaction API.
-
-Whole files are removed and added in one ``OptimisticTransaction`` with a read predicate per
-partition; deliveries carry a ``SetTransaction`` per producing interval (idempotent retries)."""
+"""Delta transactions at the file level through Delta's own transaction API: whole files removed and
+added, a read predicate per partition, a ``SetTransaction`` per producing interval of a delivery."""
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote, unquote
 
 from ..exceptions import StaleFilesError
-from .jvm import jsession
+from .jvm import jsession, per_owner
 from .jvm import jvm as jvm_of
 from .log import LogSnapshot, read_snapshot
 from .maintenance import note_commit
@@ -88,21 +85,6 @@ class _DeltaJvm:
         self.delta_log = jvm.org.apache.spark.sql.delta.DeltaLog
 
 
-_JVMS: dict[int, tuple[Any, _DeltaJvm]] = {}  # id(py4j JVM view) -> (the view, its classes)
-_JVMS_LOCK = threading.Lock()
-
-
-def _delta_jvm(jvm: Any) -> _DeltaJvm:
-    got = _JVMS.get(id(jvm))
-    if got is not None and got[0] is jvm:
-        return got[1]
-    with _JVMS_LOCK:
-        got = _JVMS.get(id(jvm))
-        if got is None or got[0] is not jvm:  # a stopped session's id may be reused
-            got = _JVMS[id(jvm)] = (jvm, _DeltaJvm(jvm))
-        return got[1]
-
-
 class TableLog:
     """File-level reads and commits of one Delta table (driver side); the JVM is reached on first use."""
 
@@ -122,7 +104,7 @@ class TableLog:
     @property
     def _d(self) -> _DeltaJvm:
         if self._j is None:
-            self._j = _delta_jvm(self._jvm)
+            self._j = per_owner("txn", self._jvm, lambda: _DeltaJvm(self._jvm))
         return self._j
 
     @property
@@ -168,13 +150,12 @@ class TableLog:
                 for a in snap.adds:
                     pv = {str(k): str(v) for k, v in (a.get("partitionValues") or {}).items()}
                     if where(pv):
-                        entries.append(FileEntry(path=str(a["path"]),
-                                                 partition_values=tuple(sorted(pv.items())),
-                                                 size=int(a["size"]),
-                                                 has_deletion_vector=bool(a.get("deletionVector")),
-                                                 action_json=json.dumps({"add": a}),
-                                                 added_at=snap.added_at.get(str(a["path"])),
-                                                 added_exact=str(a["path"]) in snap.added_at and str(a["path"]) not in snap.bounded))
+                        path = str(a["path"])
+                        entries.append(FileEntry(
+                            path=path, partition_values=tuple(sorted(pv.items())), size=int(a["size"]),
+                            has_deletion_vector=bool(a.get("deletionVector")),
+                            action_json=json.dumps({"add": a}), added_at=snap.added_at.get(path),
+                            added_exact=path in snap.added_at and path not in snap.bounded))
                 return snap.version, entries
         txn = self._log.startTransaction()
         cc = self._d.cc
@@ -243,10 +224,10 @@ class TableLog:
                check: Callable[[], None] | None = None, known_version: int | None = None) -> int | None:
         """One Delta transaction: remove files, add files (``add`` action JSON), set app versions.
 
-        ``read_partitions``: SQL predicates recorded as read. ``untouched_since`` = (version,
-        partitions): raise :class:`StaleFilesError` if a later commit touched them. ``check`` runs
-        once the snapshot is taken (raise to abort). ``known_version``: if the JVM's snapshot is at
-        it, the log is not listed first. Returns the new version; raises whatever Delta raises."""
+        ``read_partitions``: SQL predicates recorded as read; ``untouched_since`` = (version, partitions):
+        :class:`StaleFilesError` if a later commit touched them; ``check`` runs once the snapshot is taken
+        (raise to abort); ``known_version``: the JVM's snapshot at it is used without listing the log.
+        Returns the new version; raises whatever Delta raises."""
         held = self._log.unsafeVolatileSnapshot() if known_version is not None else None
         at: int | None = None
         if held is not None and int(held.version()) == known_version:

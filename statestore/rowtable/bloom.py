@@ -13,7 +13,6 @@ __all__ = ["IntervalBloom", "IdBloom"]
 
 @functools.cache
 def _bit_values() -> Any:
-    """Per bit position within a byte (0-7), the byte with that bit set."""
     import numpy as np
 
     return np.array([1 << j for j in range(8)], dtype=np.uint8)
@@ -49,8 +48,8 @@ class IntervalBloom:
 class IdBloom:
     """A fixed-size Bloom filter of record ids, added and checked many at a time (numpy).
 
-    Bits come from the caller's hashes, or Python's ``hash`` (salted per process: never persist or
-    ship a filter). ``error_rate``: the false-positive rate at ``capacity`` ids (see :meth:`full`).
+    Bits come from the caller's hashes or Python's ``hash`` (salted per process: never persist or ship
+    a filter); ``error_rate``: the false-positive rate at ``capacity`` ids.
 
     >>> b = IdBloom(100); b.add_many(["r1", "r2"])
     >>> b.might_contain_many(["r1", "r3"]).tolist()

@@ -1,16 +1,7 @@
-"""Sequencer fencing: Delta's own commit protocol as MillWheel's mediator.
+"""Sequencer fencing: Delta's own commit protocol as MillWheel's mediator (docs/fencing.md).
 
-Every interval partition holds a *fence row* (``FENCE_KEY``) with the current owner's sequencer.
-A new owner's first write moves the fence rows to its sequencer; every commit is one ``MERGE``
-that carries the fence row of each touched interval and whose first clause is::
-
-    WHEN MATCHED AND t.sequencer > s.sequencer
-      THEN UPDATE SET sequencer = raise_error('DELTAWHEEL_STALE_SEQUENCER ...')
-
-so a late zombie aborts inside its own transaction; a racing one loses Delta's conflict check
-on the partitions it read (:class:`CommitConflictError`) and its retry meets the moved fence.
-Either way the stale commit *fails*; callers deliver nothing from a commit that did not return.
-"""
+Every commit is one ``MERGE`` carrying the fence row (``FENCE_KEY``) of each touched interval,
+whose first clause raises ``DELTAWHEEL_STALE_SEQUENCER`` where the stored sequencer is newer."""
 
 from __future__ import annotations
 
@@ -20,22 +11,17 @@ from typing import Callable, Iterable, Mapping, TypeVar
 
 from ..exceptions import CommitConflictError, StaleSequencerError
 from .inputfiles import union_sql
+from .rows import rows_schema_ddl
 
 __all__ = ["STALE_MARKER", "REPLACE_FILES_OP", "merge_sql", "translate_commit_error", "is_conflict", "on_conflict_again"]
 
 STALE_MARKER = "DELTAWHEEL_STALE_SEQUENCER"
 REPLACE_FILES_OP = "replace_files"  # a fence row whose input-file set replaces the stored one
 
-_CONFLICT = re.compile(
-    r"Concurrent(Append|DeleteRead|DeleteDelete|Transaction|Write)Exception|MetadataChangedException|"
-    r"ProtocolChangedException|DELTA_CONCURRENT_|DELTA_METADATA_CHANGED|DELTA_PROTOCOL_CHANGED"
-)
-
-_COLUMNS = (
-    "computation", "interval", "key", "state", "codec", "timers", "next_event_timer_ms",
-    "next_processing_timer_ms", "record_ids", "pending", "watermark_hold_ms", "sequencer",
-    "commit_id", "updated_ms", "format_version", "timer_seq",
-)
+_CONFLICT = re.compile(r"Concurrent(Append|DeleteRead|DeleteDelete|Transaction|Write)Exception|"
+                       r"MetadataChangedException|ProtocolChangedException|DELTA_CONCURRENT_|"
+                       r"DELTA_METADATA_CHANGED|DELTA_PROTOCOL_CHANGED")
+_COLUMNS = tuple(c.split()[0] for c in re.split(r",\s*(?![^<]*>)", rows_schema_ddl()))
 
 
 def is_conflict(exc: BaseException) -> bool:
@@ -47,9 +33,8 @@ _T = TypeVar("_T")
 
 
 def on_conflict_again(write: Callable[[], _T], *, attempts: int = 6, first_wait_s: float = 0.2) -> _T:
-    """``write()``, again (after 0.2, 0.4, 0.8 ... s) while Delta refuses it for a concurrent commit:
-    a maintenance write (gc's OPTIMIZE and deletes) that loses to a running pipeline's batches tries
-    again rather than failing. The last attempt's refusal is raised."""
+    """``write()``, again (after 0.2, 0.4, 0.8 ... s) while Delta refuses it for a concurrent commit
+    (gc's maintenance writes against a running pipeline); the last attempt's refusal is raised."""
     for attempt in range(attempts):
         try:
             return write()

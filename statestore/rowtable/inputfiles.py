@@ -1,7 +1,5 @@
-"""Per interval, the input files whose records were committed: kept in the fence row's ``state``.
-
-Every commit adds its batch's input files (sorted, distinct JSON) to each written interval's
-fence row in the same transaction; writers and readers union sets. docs/rescaling.md."""
+"""Per interval, the input files whose records were committed, kept in the fence row's ``state`` and
+added by each commit in the same transaction (docs/rescaling.md)."""
 
 from __future__ import annotations
 

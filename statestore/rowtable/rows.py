@@ -1,7 +1,5 @@
-"""The single-row-per-key image of a computation's key, and its table schema.
-
-:meth:`KeyRow.to_row` / :meth:`KeyRow.from_row` are the only conversions; each interval
-partition also holds one *fence row* (key :data:`FENCE_KEY`, ``fencing.py``)."""
+"""The single-row-per-key image of a computation's key (:meth:`KeyRow.to_row` / :meth:`KeyRow.from_row`),
+and its table schema; each interval partition also holds a fence row (``fencing.py``)."""
 
 from __future__ import annotations
 

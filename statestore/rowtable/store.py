@@ -1,14 +1,7 @@
-"""Reads and fenced, atomic commits of the single-row-per-key table.
+"""Reads and fenced, atomic commits of the single-row-per-key table (docs/fencing.md, "MERGE commits").
 
-Commit protocol (one call of :meth:`RowStore.commit`):
-
-1. Validate every row and that a sequencer is held for each touched interval, before any I/O.
-2. Check the leases are still valid (the ``lease_check`` hook).
-3. Build the MERGE source: changed rows, deletions, one fence row per touched interval.
-4. Run the fenced MERGE with the commit metadata as ``userMetadata``: in Python over the files
-   where they are reachable (``filecommit.py``), else Delta's MERGE.
-5. Map failures: a stale sequencer raises :class:`StaleSequencerError`; a conflict is retried
-   up to ``conflict_retries``, then raises :class:`CommitConflictError`."""
+:meth:`RowStore.commit`'s steps are numbered in its code; the MERGE runs in Python over the files
+where they are reachable (``filecommit.py``), else in Delta."""
 
 from __future__ import annotations
 
@@ -83,17 +76,8 @@ class CommitResult:
 class RowStore:
     """The rows table of one (migrated) store, written under sequencers; ``writer`` names the commits."""
 
-    def __init__(
-        self,
-        spark: Any,
-        layout: StoreLayout,
-        *,
-        writer: str,
-        limits: StoreLimits = StoreLimits(),
-        clock: Clock = SystemClock(),
-        conflict_retries: int = 3,
-        fence_retries: int = 60,
-    ) -> None:
+    def __init__(self, spark: Any, layout: StoreLayout, *, writer: str, limits: StoreLimits = StoreLimits(),
+                 clock: Clock = SystemClock(), conflict_retries: int = 3, fence_retries: int = 60) -> None:
         require_classic_session(spark)
         self._spark = spark.newSession()
         self.layout = layout
@@ -132,9 +116,8 @@ class RowStore:
         if not keys:
             return {}
         ivs = sorted({interval_of(k, num_intervals) for k in keys})
-        df = self._table().where(
-            (F.col("computation") == computation) & F.col("interval").isin(ivs) & F.col("key").isin(keys)
-        )
+        df = self._table().where((F.col("computation") == computation) & F.col("interval").isin(ivs)
+                                 & F.col("key").isin(keys))
         return {r.key: r for r in self._collect(df)}
 
     def scan_intervals(self, computation: str, intervals: Iterable[int], *, include_fences: bool = False) -> list[KeyRow]:
@@ -272,22 +255,12 @@ class RowStore:
                 self.stats.conflicts += 1
                 time.sleep(random.uniform(0.0, 0.02))
 
-    def commit(
-        self,
-        computation: str,
-        rows: Sequence[KeyRow],
-        *,
-        sequencers: Mapping[int, int],
-        deletes: Sequence[tuple[int, str]] = (),
-        num_intervals: int | None = None,
-        commit_id: str | None = None,
-        lease_check: Callable[[], None] | None = None,
-        dry_run: bool = False,
-        kind: str = "commit",
-        conflict_retries: int | None = None,
-        meta: Mapping[str, Any] | None = None,
-        input_sets: Mapping[int, Iterable[str]] | None = None,
-    ) -> CommitResult:
+    def commit(self, computation: str, rows: Sequence[KeyRow], *, sequencers: Mapping[int, int],
+               deletes: Sequence[tuple[int, str]] = (), num_intervals: int | None = None,
+               commit_id: str | None = None, lease_check: Callable[[], None] | None = None,
+               dry_run: bool = False, kind: str = "commit", conflict_retries: int | None = None,
+               meta: Mapping[str, Any] | None = None,
+               input_sets: Mapping[int, Iterable[str]] | None = None) -> CommitResult:
         """Write ``rows`` (new images) and ``deletes`` ((interval, key) pairs) in one fenced transaction.
 
         ``input_sets``: interval -> its input-file set *replacing* the stored one (gc's pruning).
@@ -299,7 +272,7 @@ class RowStore:
             CommitConflictError: concurrent commits kept conflicting after retries.
         """
         started = time.monotonic()
-        # Phase 1: validate before any I/O.
+        # 1: validate before any I/O
         validate_name("computation", computation)
         now = self.clock.now_ms()
         commit_id = commit_id or f"{self.writer}:{now}:{next(_view_ids)}"
@@ -321,13 +294,12 @@ class RowStore:
             return CommitResult(commit_id=commit_id, computation=computation, sequencers=dict(sequencers),
                                 rows_written=len(images), rows_deleted=len(deletes), attempts=0,
                                 duration_s=time.monotonic() - started, dry_run=True, plan=tuple(plan))
-        # Phase 3: the MERGE source: rows, deletions, fences.
+        # 3: the MERGE source: rows, deletions, fences
         src = [r.to_row() | {"_op": "upsert"} for r in images]
-        src += [KeyRow(computation=computation, key=k, interval=iv, sequencer=sequencers[iv],
-                       commit_id=commit_id, updated_ms=now).to_row()
-                | {"_op": "delete"} for iv, k in deletes]
-        src += [KeyRow(computation=computation, key=FENCE_KEY, interval=iv, state=sets.get(iv),
-                       sequencer=sequencers[iv], commit_id=commit_id, updated_ms=now).to_row() | {"_op": REPLACE_FILES_OP if iv in sets else "upsert"}
+        src += [_source_row(computation, k, iv, sequencers[iv], commit_id, now, "delete")
+                for iv, k in deletes]
+        src += [_source_row(computation, FENCE_KEY, iv, sequencers[iv], commit_id, now,
+                            REPLACE_FILES_OP if iv in sets else "upsert", state=sets.get(iv))
                 for iv in touched]
         if kind == "fence":  # an acquisition reads no input
             meta = {**inputfiles.no_input_entry(), **(meta or {})}
@@ -347,8 +319,8 @@ class RowStore:
             self._require_sequencer(sequencers, iv, FENCE_KEY)
         now = self.clock.now_ms()
         files = inputfiles.encode(input_files) if input_files else None
-        fences = [KeyRow(computation=computation, key=FENCE_KEY, interval=iv, state=files,
-                         sequencer=sequencers[iv], commit_id=commit_id, updated_ms=now).to_row() | {"_op": "upsert"} for iv in intervals]
+        fences = [_source_row(computation, FENCE_KEY, iv, sequencers[iv], commit_id, now, "upsert",
+                              state=files) for iv in intervals]
         return self._commit_source(computation, fences, frame, sequencers=sequencers, touched=sorted(intervals),
                                    commit_id=commit_id, kind="commit", lease_check=lease_check,
                                    conflict_retries=None, started=time.monotonic(), n_rows=0, n_deletes=0,
@@ -359,17 +331,14 @@ class RowStore:
                        lease_check: Callable[[], None] | None, conflict_retries: int | None,
                        started: float, n_rows: int, n_deletes: int,
                        meta: Mapping[str, Any] | None = None) -> CommitResult:
-        info = json.dumps({
-            **(meta or {}),
-            "deltawheel": COMMIT_META_VERSION, "kind": kind, "writer": self.writer,
-            "computation": computation, "commit_id": commit_id,
-            "sequencers": {str(iv): sequencers[iv] for iv in touched},
-        }, sort_keys=True)
+        info = json.dumps({**(meta or {}), "deltawheel": COMMIT_META_VERSION, "kind": kind,
+                           "writer": self.writer, "computation": computation, "commit_id": commit_id,
+                           "sequencers": {str(iv): sequencers[iv] for iv in touched}}, sort_keys=True)
         attempts = 0
         with self._lock:
             while True:
                 attempts += 1
-                # Phase 2: leases still valid (checked again before every attempt).
+                # 2: leases still valid (checked before every attempt)
                 if lease_check is not None:
                     lease_check()
                 try:
@@ -380,7 +349,7 @@ class RowStore:
                         self._merge(src, computation, touched, info, frame=frame)
                     break
                 except Exception as exc:
-                    # Phase 5: map failures.
+                    # 5: map failures
                     err = translate_commit_error(exc, sequencers=sequencers)
                     if err is None:
                         raise
@@ -398,7 +367,7 @@ class RowStore:
 
     def _merge(self, src: list[dict[str, Any]], computation: str, intervals: Sequence[int], meta: str,
                *, frame: Any = None) -> None:
-        # Phase 4: one MERGE = one Delta transaction, metadata attached.
+        # 4: one MERGE = one Delta transaction, metadata attached
         view = f"dw_src_{next(_view_ids)}"
         df = local_frame(self._spark, src, _SOURCE_DDL)
         if frame is not None:
@@ -449,6 +418,12 @@ class RowStore:
         return row.with_(sequencer=sequencers[row.interval], commit_id=commit_id, updated_ms=now)
 
 
+def _source_row(computation: str, key: str, interval: int, sequencer: int, commit_id: str, now: int, op: str,
+                state: bytes | None = None) -> dict[str, Any]:
+    return KeyRow(computation=computation, key=key, interval=interval, state=state, sequencer=sequencer,
+                  commit_id=commit_id, updated_ms=now).to_row() | {"_op": op}
+
+
 def raise_if_fenced(computation: str, fences: Mapping[int, int], sequencers: Mapping[int, int]) -> None:
     """Raise :class:`StaleSequencerError` if ``fences`` holds a greater sequencer than ``sequencers``."""
     for iv, seq in sorted(sequencers.items()):
@@ -461,8 +436,5 @@ def raise_if_fenced(computation: str, fences: Mapping[int, int], sequencers: Map
 def commit_metadata(spark: Any, layout: StoreLayout) -> list[tuple[int, dict[str, Any] | None]]:
     """(version, parsed userMetadata) of every commit of the rows table, oldest first."""
     hist = spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}`").select("version", "userMetadata").collect()
-    out = []
-    for r in sorted(hist, key=lambda r: r["version"]):
-        md = r["userMetadata"]
-        out.append((int(r["version"]), json.loads(md) if md else None))
-    return out
+    return [(int(r["version"]), json.loads(r["userMetadata"]) if r["userMetadata"] else None)
+            for r in sorted(hist, key=lambda r: r["version"])]

@@ -1,7 +1,6 @@
 """The audit table ``<store>/_audit``: one row per change a tool made to a live computation's rows.
 
-A row is appended after the tool's rows commit, which carries the same ``audit_id`` and record, so
-:func:`recover_audit` (run by every tool and ``gc --apply``) can append a dead tool's missing row."""
+The tool's rows commit carries the same record, so :func:`recover_audit` can append a dead tool's row."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""``MERGE INTO state`` (``deltawheel repair``, docs/operations.md "Repair")::
-
-    MERGE INTO state USING <source> [AS s] ON state.key = s.<col>
-      [WHEN MATCHED [AND <cond>] THEN UPDATE SET state_json = <expr> | DELETE]
-      [WHEN NOT MATCHED [AND <cond>] THEN INSERT (key, state_json) VALUES (<key expr>, <state expr>)]
+"""``MERGE INTO state`` of ``deltawheel repair``: its syntax is docs/operations.md's, "Repair".
 
 ``<source>``: ``FORMAT.`path``` (:data:`FORMATS`; csv with a header) or a session table or view
-(default alias ``source``).
-"""
+(default alias ``source``)."""
 
 from __future__ import annotations
 

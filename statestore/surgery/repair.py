@@ -1,9 +1,5 @@
 """Repair: a statement on a decoded view, applied to the live rows in one fenced commit under the
-leases it touches (docs/operations.md, "Repair").
-
-- ``UPDATE state SET state_json = <expr> [WHERE <cond>]``: JSON text (NULL: none) in each key's codec;
-- ``DELETE FROM state [WHERE <cond>]``: the keys go with their timers, ids and pending productions;
-- ``MERGE INTO state USING <source> ...`` (``merge.py``); timers and pending productions (``sideviews.py``).
+leases it touches (docs/operations.md, "Repair", lists the statements).
 
 The statement is evaluated twice: once to find the leases to take (every refusal before the
 pipeline is asked), then under them (``replace.py``)."""
@@ -215,8 +211,8 @@ def repair(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, compu
     n = pipeline_intervals(client, pipeline=pipeline, computation=computation)
     first = _edits(spark, StoreViews(spark, layout), stmt, computation=computation, num_intervals=n, codec=codec)
     if not first.by_key:
-        return SurgeryResult(computation=computation, intervals=(), sequencers={}, upserted=(), deleted=(), before={}, version=None,
-                             audit_id=None, planned=False)
+        return SurgeryResult(computation=computation, intervals=(), sequencers={}, upserted=(), deleted=(),
+                             before={}, version=None, audit_id=None, planned=False)
 
     def build(held: Held) -> list[KeyRow]:
         # the leases are held: the rows of those intervals cannot move

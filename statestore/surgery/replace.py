@@ -1,30 +1,18 @@
 """A tool's fenced replacing write of some intervals of a live computation.
 
-:func:`replace_intervals`, in order (the pipeline waits only for phases 2-4):
-
-1. ``no_wait``: refuse at once (:class:`LeaseHeldError`) when a live owner holds an interval.
-   Append the audit rows an earlier run left missing, then post a hand-over request
-   (``zk/handover.py``): running instances give the intervals back at their next batch boundary.
-2. Take the leases (up to ``wait_s``), fence them with a claim and run the recovery scan as every
-   new owner does; the old owner's undelivered checkpointed productions are delivered first.
-3. ``build(held)`` returns the intervals' rows as they must be; the difference (:func:`row_changes`)
-   is committed in **one** fenced transaction. A racing takeover fails it with
-   :class:`StaleSequencerError` or :class:`LeaseLostError`: nothing changed, no audit record.
-4. Give the leases back and delete the request as soon as the commit landed.
-5. Append the audit record (``audit.py``); one a dead tool left is appended by the next run or gc.
-
-:func:`plan_replacement` is the dry run: the same ``build`` over the rows now, nothing written."""
+:func:`replace_intervals`: hand-over request, leases and recovery, one fenced commit of what
+``build`` returns, leases back, audit record (docs/replay.md, "6. Promote"); :func:`plan_replacement`
+is its dry run."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from ..delta.log import newest_commit_info
+from ..delta.log import newest_commit_info, user_metadata
 from ..delta.storefs import table_files
 from ..exceptions import LeaseHeldError
 from ..layout import StoreLayout
@@ -113,9 +101,8 @@ def plan_replacement(spark: Any, layout: StoreLayout, *, computation: str, num_i
     ivs = _intervals(intervals, num_intervals)
     rows = tuple(RowStore(spark, layout, writer="plan").scan_intervals(computation, ivs))
     ups, dels = row_changes(rows, build(Held(ivs, {}, rows)))
-    before = {r.key: r for r in rows}
     return SurgeryResult(computation=computation, intervals=ivs, sequencers={}, upserted=tuple(ups),
-                         deleted=tuple(dels), before=_before(before, ups, dels), version=None, audit_id=None,
+                         deleted=tuple(dels), before=_before(rows, ups, dels), version=None, audit_id=None,
                          planned=True)
 
 
@@ -224,16 +211,16 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
             before_audit(version)
         append_audit(spark, layout, dataclasses.replace(record, commit_version=version,
                                                         recorded_ms=int(time.time() * 1000)))
-    before = {r.key: r for r in rows}
     return SurgeryResult(computation=computation, intervals=ivs, sequencers=seqs, upserted=tuple(ups),
-                         deleted=tuple(dels), before=_before(before, ups, dels), version=version,
+                         deleted=tuple(dels), before=_before(rows, ups, dels), version=version,
                          audit_id=audit_id, planned=False)
 
 
-def _before(rows: Mapping[str, KeyRow], ups: Sequence[KeyRow], dels: Sequence[tuple[int, str]]
-            ) -> dict[str, KeyRow]:
+def _before(rows: Sequence[KeyRow], ups: Sequence[KeyRow],
+            dels: Sequence[tuple[int, str]]) -> dict[str, KeyRow]:
     """The rows the changed keys had (a new key: absent)."""
-    return {r.key: rows[r.key] for r in ups if r.key in rows} | {k: rows[k] for _, k in dels}
+    by_key = {r.key: r for r in rows}
+    return {r.key: by_key[r.key] for r in ups if r.key in by_key} | {k: by_key[k] for _, k in dels}
 
 
 def refuse_live_owners(client: Any, *, pipeline: str, computation: str, intervals: Sequence[int]) -> None:
@@ -281,11 +268,4 @@ def _version_of(spark: Any, layout: StoreLayout, commit_id: str) -> int | None:
 
 
 def _commit_id(meta: object) -> object:
-    """The ``commit_id`` of a commit's ``userMetadata`` (None: none, or not deltawheel's JSON)."""
-    if not isinstance(meta, str) or not meta:
-        return None
-    try:
-        parsed = json.loads(meta)
-    except ValueError:
-        return None
-    return parsed.get("commit_id") if isinstance(parsed, dict) else None
+    return (user_metadata(meta) or {}).get("commit_id")

@@ -1,9 +1,6 @@
-"""Repairs of a key's timers and checkpointed productions (``deltawheel repair``).
+"""Repairs of a key's timers and checkpointed productions (docs/operations.md, "Repair").
 
-``DELETE FROM timers``, ``UPDATE timers SET time_ms = <expr>`` (a BIGINT of epoch ms over the
-view's columns) and ``DELETE FROM pending_productions`` (the tool's recovery skips those too), each
-``[WHERE <cond>]``. The row's next-timer columns follow when it is written. The state TTL's timer
-(tag ``\\x00ttl``) is refused: change ``state_ttl`` instead."""
+The state TTL's timer (tag ``\\x00ttl``) is refused: change ``state_ttl`` instead."""
 
 from __future__ import annotations
 

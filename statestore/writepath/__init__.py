@@ -1,11 +1,7 @@
 """The write-path contract: how one computation's batches reach the rows table and the streams.
 
-Every write of the rows and stream tables is made in this package, at the steps of the per-batch
-protocol (DESIGN, "The per-batch protocol") that touch storage. Implementations:
-:class:`~.image.path.ImagePath` (local and ``s3a://``) and :class:`~.merge.path.MergePath` (any store).
-A new path passes ``tests/test_writepath_contract.py``: a write never lands for a writer taken over
-(it fails typed, never skips); a repeated delivery adds no stream record twice; a crash followed by
-:meth:`WritePath.acquire` on a new writer yields what a run without the crash would."""
+What each method must guarantee: docs/write-paths.md, "The contract"; a new path passes
+``tests/test_writepath_contract.py``."""
 
 from __future__ import annotations
 
@@ -42,9 +38,6 @@ class WritePath(ABC, Generic[BatchT]):
     def acquire(self, intervals: Sequence[int] | None, *, wait_s: float = 0.0) -> Recovered:
         """Take the intervals' leases, fence them and recover (MillWheel's recovery scan).
 
-        Must guarantee: afterwards no earlier owner can commit rows or strong deliveries; every
-        checkpointed production not yet in its stream is in it (exactly once); :meth:`load`'s view is current.
-
         Raises:
             StaleSequencerError: an even newer owner fenced an interval (nothing is held).
             LeaseHeldError: another live instance holds an interval (after ``wait_s``).
@@ -52,26 +45,19 @@ class WritePath(ABC, Generic[BatchT]):
 
     @abstractmethod
     def load(self) -> None:
-        """Refresh the tasks' view of the owned rows (after :class:`StaleViewError`).
-
-        Must guarantee: raises :class:`StaleSequencerError` over a takeover; afterwards a batch
-        reads the rows of the newest commit."""
+        """Read the owned rows again after :class:`StaleViewError`; StaleSequencerError over a takeover."""
 
     @abstractmethod
     def commit(self, batch: BatchT, *, commit_id: str, meta: Mapping[str, Any]) -> bool:
-        """Step 5: the batch's new rows in one Delta transaction, fenced; returns whether anything landed.
+        """Step 5: the batch's new rows in one fenced Delta transaction; returns whether anything landed.
 
-        Must guarantee: all or nothing; a writer taken over or whose lease is lost fails with
-        :class:`StaleSequencerError` / :class:`LeaseLostError`; a concurrent change that is no
-        takeover raises :class:`StaleViewError`; ``commit_id`` and ``meta`` go into the metadata."""
+        ``commit_id`` and ``meta`` go into the commit's metadata."""
 
     @abstractmethod
     def deliver(self, batch: BatchT, *, strong: bool) -> int:
         """Step 6: give the batch's productions to their stream tables; returns how many.
 
-        ``strong``: idempotent (a repeat or a recovery's redelivery adds nothing) and never lands
-        for a writer taken over since its commit (:class:`StaleSequencerError`). Else a plain
-        append; consumers deduplicate by record id."""
+        ``strong``: idempotent and never for a writer taken over since its commit; else a plain append."""
 
     @abstractmethod
     def oldest_work(self) -> Mapping[int, int | None]:

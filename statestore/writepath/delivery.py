@@ -1,7 +1,5 @@
-"""Idempotent writes of productions, dead letters and late records.
-
-Delivery is an insert-only Delta MERGE keyed by record id: a repeated delivery adds no row, and a
-conflicting concurrent one is retried and inserts only what is missing."""
+"""Idempotent writes of productions, dead letters and late records: an insert-only Delta MERGE keyed
+by record id, retried on a conflict."""
 
 from __future__ import annotations
 
@@ -123,12 +121,18 @@ def record_dead_letters(spark: Any, layout: StoreLayout, frame: Any, *, computat
     src = frame.select(F.lit(computation).alias("computation"), "stream", "record_id",
                        F.when(F.col("key").startswith("\x00"), None).otherwise(F.col("key")).alias("key"),
                        "raw_value", "error", F.col("position").alias("source_position"), "event_time_ms",
-                       F.lit(batch_id).cast("bigint").alias("batch_id"),
-                       F.lit(int(time.time() * 1000)).cast("bigint").alias("recorded_ms"),
-                       F.lit(1).alias("format_version"))
+                       *_recorded(batch_id))
     _insert_missing(layout.dead_letters, src,
                     on=f"t.computation = s.computation AND {_DEAD_LETTER_ID.format(t='t')} = "
                        f"{_DEAD_LETTER_ID.format(t='s')}")
+
+
+def _recorded(batch_id: int) -> list[Any]:
+    from pyspark.sql import functions as F
+
+    return [F.lit(batch_id).cast("bigint").alias("batch_id"),
+            F.lit(int(time.time() * 1000)).cast("bigint").alias("recorded_ms"),
+            F.lit(1).alias("format_version")]
 
 
 def record_late(spark: Any, layout: StoreLayout, frame: Any, *, computation: str, watermark_ms: int | None,
@@ -139,10 +143,7 @@ def record_late(spark: Any, layout: StoreLayout, frame: Any, *, computation: str
     src = frame.select(F.lit(computation).alias("computation"), "stream", "record_id", "key", "value", "codec",
                        F.col("timestamp_ms").alias("event_time_ms"),
                        F.lit(watermark_ms).cast("bigint").alias("watermark_ms"),
-                       F.lit("behind the input low watermark").alias("reason"),
-                       F.lit(batch_id).cast("bigint").alias("batch_id"),
-                       F.lit(int(time.time() * 1000)).cast("bigint").alias("recorded_ms"),
-                       F.lit(1).alias("format_version"))
+                       F.lit("behind the input low watermark").alias("reason"), *_recorded(batch_id))
     n = src.count()
     _insert_missing(layout.late_data, src, on="t.computation = s.computation AND t.record_id = s.record_id")
     return int(n)

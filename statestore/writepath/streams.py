@@ -1,7 +1,5 @@
-"""Stream tables: one Delta table of delivered records per stream, ``<root>/streams/<name>``.
-
-Consumers read it with Delta's streaming source; producers append idempotently (``delivery.py``).
-Names become SQL view names (``clicks``, ``clicks_decoded``): :func:`check_stream_name`."""
+"""Stream tables: one Delta table of delivered records per stream, ``<root>/streams/<name>``, whose
+name is also an SQL view name (:func:`check_stream_name`)."""
 
 from __future__ import annotations
 
@@ -50,7 +48,6 @@ _SPARK_TYPES = {"STRING": "string", "BINARY": "binary", "BIGINT": "long", "TIMES
 
 
 def _stream_properties(name: str) -> dict[str, str]:
-    """The table properties of stream ``name``'s table."""
     return {"deltawheel.table": "stream", "deltawheel.stream": name,
             "deltawheel.format_version": str(STREAM_FORMAT_VERSION),
             "delta.checkpointInterval": str(COMMIT_CHECKPOINT_INTERVAL)}  # checkpoints: maintenance.py

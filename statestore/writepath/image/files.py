@@ -102,16 +102,12 @@ def write_production_table(prods: Any, *, producer: str, commit_id: str | None, 
         n = ps.num_rows
         ts = ps.column("timestamp_ms").combine_chunks()
         table = pa.table({
-            "record_id": ps.column("production_id"),
-            "key": ps.column("key"),
-            "value": ps.column("value"),
-            "codec": ps.column("codec"),
-            "timestamp_ms": ts,
+            "record_id": ps.column("production_id"), "key": ps.column("key"), "value": ps.column("value"),
+            "codec": ps.column("codec"), "timestamp_ms": ts,
             "event_time": ts.cast(pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
             "producer": pa.repeat(pa.scalar(producer, pa.string()), n),
             "commit_id": pa.repeat(pa.scalar(commit_id, pa.string()), n),
-            "format_version": pa.repeat(pa.scalar(format_version, pa.int32()), n),
-        }).cast(schema)
+            "format_version": pa.repeat(pa.scalar(format_version, pa.int32()), n)}).cast(schema)
         rel = f"part-{uuid.uuid4().hex}-dw-{producer}-{iv}.snappy.parquet"
         size = write_file(table, roots[stream], rel)
         out.append(ProductionFile(stream, rel, size, n, pc.min(ts).as_py()))

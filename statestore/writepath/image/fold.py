@@ -1,8 +1,6 @@
-"""Folding intervals' files into one plain Parquet file each, with the same rows.
+"""Folding intervals' files with Delta deletion vectors into one plain Parquet file each, same rows.
 
-Used on files with Delta deletion vectors (:meth:`~.path.ImagePath.load`, migration 7). The rows
-are read through Spark's Delta reader (``REORG ... APPLY (PURGE)`` fails on this Spark/Delta
-pair) and replaced in one commit that fails if the partitions changed since the version read."""
+Read through Spark's Delta reader (``REORG ... APPLY (PURGE)`` fails on this Spark/Delta pair)."""
 
 from __future__ import annotations
 
@@ -21,9 +19,8 @@ __all__ = ["fold_intervals"]
 
 def fold_intervals(spark: Any, log: TableLog, rows_files: TableFiles, *, name: str,
                    files: Mapping[int, Sequence[FileEntry]], version: int) -> tuple[int, dict[int, list[FileEntry]]]:
-    """Replace computation ``name``'s intervals' live ``files`` (as of ``version``) by one file each.
-
-    Returns (the commit's version, the new file of each interval)."""
+    """Replace ``name``'s intervals' live ``files`` (as of ``version``) by one file each, in one commit
+    that fails if the partitions changed since; returns (its version, each interval's new file)."""
     import pyarrow as pa
     from pyspark.sql import functions as F
 

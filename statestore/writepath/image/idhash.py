@@ -12,10 +12,8 @@ _BLOCK_BYTES = 1 << 24  # the padded ids of one block of rows (bounds the tempor
 
 
 def id_hashes(col: Any) -> Any:
-    """64-bit hashes of a string column's values (numpy uint64), straight from its buffers.
-
-    Little-endian 64-bit words of the zero-padded bytes folded FNV-style, then MurmurHash3's
-    finalizer: stable across processes. :func:`id_hash` is the reference; a null hashes as ""."""
+    """64-bit hashes of a string column's values (numpy uint64), stable across processes: FNV-style over
+    the zero-padded little-endian words, MurmurHash3's finalizer; :func:`id_hash` is the reference."""
     import numpy as np
     import pyarrow as pa
 

@@ -1,8 +1,6 @@
 """An interval's record ids apart from its state: one small ids file per batch (image path).
 
-Each batch's ids file lands in the same Delta commit as its new image (state and ids stay atomic);
-rows keyed ``IDS_KEY_PREFIX`` + user key. Workers cache the immutable files by path; a file is
-dropped whole past the dedup horizon. Layout and levels: docs/tables.md, "The rows table"."""
+Workers cache the immutable files by path. Layout and levels: docs/tables.md, "The rows table"."""
 
 from __future__ import annotations
 
@@ -17,8 +15,9 @@ from .files import IDS_FILE_TAG, ids_level
 from .idhash import id_hashes
 from .summary import ImageFile
 
-__all__ = ["IdsFile", "adopt", "apart_held", "forget_below", "hash_index", "keep_index", "within", "load_ids_file", "pick_ids", "split_legacy", "empty_flat",
-           "plan_compaction", "write_ids_file", "FAN_IN", "BUCKETS_PER_HORIZON"]
+__all__ = ["IdsFile", "adopt", "apart_held", "forget_below", "hash_index", "keep_index", "within",
+           "load_ids_file", "pick_ids", "split_legacy", "empty_flat", "plan_compaction", "write_ids_file",
+           "FAN_IN", "BUCKETS_PER_HORIZON"]
 
 FAN_IN = 8  # files of one level and bucket merged into one of the next level
 BUCKETS_PER_HORIZON = 4  # time buckets per dedup retention (files of different buckets never merge)
@@ -213,9 +212,7 @@ def write_ids_file(flat: Any, rows_root: TableFiles, *, computation: str, interv
                    schema: Any, sequencer: int, commit_id: str, now_ms: int, format_version: int,
                    remember: bool = True, hashes: Any = None) -> tuple[ImageFile, IdsFile]:
     """Write the ids ``flat`` as an ids file of ``level``, one row per key; invisible until committed.
-
-    ``remember``: keep it in this worker's cache (:func:`adopt`; only from the task's thread).
-    ``hashes``: the ids' ``id_hashes`` in ``flat``'s order, so its index is kept with it."""
+    ``remember``: cache it (:func:`adopt`; task's thread only); ``hashes``: the ids' ``id_hashes``."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -235,23 +232,13 @@ def write_ids_file(flat: Any, rows_root: TableFiles, *, computation: str, interv
     values = pa.StructArray.from_arrays([flat.column("record_id").combine_chunks(),
                                          flat.column("seen_ms").combine_chunks()], fields=list(field.type.value_type))
     ids = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], ends]).astype(np.int32)), values, type=field.type)
-    cols: dict[str, Any] = {}
-    for f in schema:
-        if f.name == "key":
-            cols[f.name] = pc.binary_join_element_wise(pa.scalar(IDS_KEY_PREFIX), keys, "")
-        elif f.name == "record_ids":
-            cols[f.name] = ids
-        elif f.name == "sequencer":
-            cols[f.name] = pa.array(np.full(n, sequencer, dtype=np.int64))
-        elif f.name == "commit_id":
-            cols[f.name] = pa.repeat(pa.scalar(commit_id, pa.string()), n)
-        elif f.name == "updated_ms":
-            cols[f.name] = pa.array(np.full(n, now_ms, dtype=np.int64))
-        elif f.name == "format_version":
-            cols[f.name] = pa.array(np.full(n, format_version, dtype=np.int32))
-        else:
-            cols[f.name] = pa.nulls(n, f.type)
-    table = pa.table(cols).cast(schema)
+    made = {"key": pc.binary_join_element_wise(pa.scalar(IDS_KEY_PREFIX), keys, ""), "record_ids": ids,
+            "sequencer": pa.array(np.full(n, sequencer, dtype=np.int64)),
+            "commit_id": pa.repeat(pa.scalar(commit_id, pa.string()), n),
+            "updated_ms": pa.array(np.full(n, now_ms, dtype=np.int64)),
+            "format_version": pa.array(np.full(n, format_version, dtype=np.int32))}
+    table = pa.table({f.name: made[f.name] if f.name in made else pa.nulls(n, f.type)
+                      for f in schema}).cast(schema)
     rel = partition_file_name(computation, interval, f"{IDS_FILE_TAG}{level}")
     written = ImageFile(rel, write_file(table, rows_root, rel), table.num_rows)
     got = IdsFile(rel, level, now_ms, flat)

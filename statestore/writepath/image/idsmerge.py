@@ -1,9 +1,5 @@
-"""A batch's ids files (:func:`write_batch_ids`) and their compaction prepared in the background.
-
-A task that leaves an interval one file short of a compaction has its worker merge them in a
-thread (:func:`prepare`); the next task takes the file if it is still what the compaction would
-write (:func:`take`), else merges itself; gc's vacuum removes an uncommitted one. The merged file
-carries the preparing batch's ``updated_ms`` (dropped a batch sooner, never before its last id expires)."""
+"""A batch's ids files (:func:`write_batch_ids`) and their compaction prepared in the background
+(:func:`prepare`, :func:`take`; docs/tables.md, "The rows table", ids files)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """The image write path: whole interval partitions replaced, one Delta transaction per batch.
 
-The tasks (``executor/tasks/image/``) write new images and productions as Parquet (:mod:`.files`);
-a strong delivery is one append per stream that Delta skips when repeated. Why: docs/performance.md,
-"Write path: interval images"."""
+docs/write-paths.md; why: docs/performance.md, "Write path: interval images"."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import random
 import time
 from typing import Any, Mapping, Sequence
 
-from ...delta.log import commit_infos
+from ...delta.log import commit_infos, user_metadata
 from ...delta.storefs import TableFiles, table_files
 from ...delta.txn import FileEntry, StaleFilesError, TableLog, decode_path, new_add
 from ...exceptions import CommitConflictError, StaleSequencerError
@@ -40,12 +38,8 @@ class _DeliveredMeanwhile(Exception):
 
 
 class ImagePath(WritePath[BatchOutput]):
-    """The image write path of computation ``name``'s owned intervals (holds their file lists).
-
-    Args:
-        layout: a store whose files Python reaches (:func:`~...delta.storefs.supports`).
-        retention_ms: the dedup retention (None: no dedup).
-    """
+    """The image write path of computation ``name``'s owned intervals (holds their file lists), on a
+    store whose files Python reaches; ``retention_ms``: the dedup retention (None: no dedup)."""
 
     deliver_in_background = True
 
@@ -100,11 +94,9 @@ class ImagePath(WritePath[BatchOutput]):
     # ---------------------------------------------------------- acquisition
 
     def acquire(self, intervals: Sequence[int] | None, *, wait_s: float = 0.0) -> Recovered:
-        """Take and fence the intervals with a claim, then recover (:meth:`WritePath.acquire`).
-
-        The claim alone fences: the fence rows are checked in the images read here."""
+        """Take and fence the intervals with a claim (its fence rows checked in the images), then recover."""
         # the stream tables are made beside the claim's commit, and waited for where first needed
-        self._tables = tables = Beside(lambda: [ensure_stream_table(self.spark, self.layout, s) for s in self.outputs])
+        self._tables = tables = self._make_tables()
         granted, self.owner.on_granted = self.owner.on_granted, tables.chain(self.owner.on_granted)
         try:
             self.owner.acquire(intervals, wait_s=wait_s, claim_only=True, scan=False, check_fences=False)
@@ -132,9 +124,11 @@ class ImagePath(WritePath[BatchOutput]):
         """Wait until the output streams' tables exist; one that cannot be made raises its ConfigError."""
         tables = self._tables
         if tables is None:
-            tables = self._tables = Beside(
-                lambda: [ensure_stream_table(self.spark, self.layout, s) for s in self.outputs])
+            tables = self._tables = self._make_tables()
         tables.join()
+
+    def _make_tables(self) -> Beside:
+        return Beside(lambda: [ensure_stream_table(self.spark, self.layout, s) for s in self.outputs])
 
     def oldest_work(self) -> Mapping[int, int | None]:
         """Per interval, its oldest pending work, as recovery or the last commit found it."""
@@ -169,9 +163,7 @@ class ImagePath(WritePath[BatchOutput]):
             self._rewrite(dirty)
 
     def recovery(self) -> Recovery:
-        """The recovery scan less productions whose strong delivery landed (:func:`.recovery.scan`).
-
-        Raises :class:`StaleSequencerError` first if an image's fence row carries a newer sequencer."""
+        """:func:`.recovery.scan` less the strong deliveries that landed; StaleSequencerError if fenced."""
         out, checkpoints = scan(self.rows_files, self.files, name=self.name, sequencers=self.owner.sequencers,
                                 retention_ms=self.retention_ms)
         # A stream records per interval the rows version whose productions it delivered; a held row's
@@ -190,10 +182,8 @@ class ImagePath(WritePath[BatchOutput]):
         return out
 
     def redeliver(self, checkpoints: Sequence[Checkpoint]) -> int:
-        """Deliver checkpoints of known commits as their own deliveries would have; returns how many.
-
-        The append records the interval's application version = that commit's, so a zombie's late
-        delivery of the same commit and this one cannot both land."""
+        """Deliver checkpoints of known commits as their own deliveries would have (the same application
+        version: a zombie's late delivery of that commit cannot land too); returns how many."""
         n = 0
         for c in checkpoints:
             assert c.version is not None
@@ -243,16 +233,15 @@ class ImagePath(WritePath[BatchOutput]):
         ivs = sorted(iv for iv, _s in new)
         seqs = self.owner.sequencers
         info = json.dumps({**(meta or {}), "deltawheel": COMMIT_META_VERSION, "kind": "commit",
-                           "writer": self.owner.store.writer,
-                           "computation": name, "commit_id": commit_id, "write_path": "image",
-                           "sequencers": {str(iv): seqs[iv] for iv in ivs}}, sort_keys=True)
-        parts = [{"computation": name, "interval": str(iv)} for iv in ivs]
-        adds: dict[int, list[Any]] = {}
+                           "writer": self.owner.store.writer, "computation": name, "commit_id": commit_id,
+                           "write_path": "image", "sequencers": {str(iv): seqs[iv] for iv in ivs}},
+                          sort_keys=True)
+        parts = {iv: {"computation": name, "interval": str(iv)} for iv in ivs}
+        made = {iv: [f for f in (s.image, s.ids_file, s.ids_merged) if f is not None] for iv, s in new}
+        adds = {iv: [new_add(f.path, parts[iv], f.size, f.rows) for f in made[iv]] for iv in ivs}
         removes: list[FileEntry] = []
         kept: dict[int, list[FileEntry]] = {}
         for iv, s in new:
-            part = {"computation": name, "interval": str(iv)}
-            adds[iv] = [new_add(f.path, part, f.size, f.rows) for f in (s.image, s.ids_file, s.ids_merged) if f is not None]
             gone = set(s.ids_removed)
             # a new image replaces every file of the partition but its ids files; dropped ids files go
             drop = [f for f in self.files.get(iv, ())
@@ -262,7 +251,7 @@ class ImagePath(WritePath[BatchOutput]):
         try:
             version = self.log.commit(remove=removes, add=[a for iv in ivs for a in adds[iv]], user_metadata=info,
                                       read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
-                                      untouched_since=(self.version, parts),
+                                      untouched_since=(self.version, list(parts.values())),
                                       known_version=self.version)
         except StaleFilesError as exc:
             # a takeover first (a zombie fails typed, never as a mere reload)
@@ -277,12 +266,11 @@ class ImagePath(WritePath[BatchOutput]):
             self.owner.store.check_fences(name, seqs)
             raise StaleViewError(f"concurrent commit on {name}'s partitions: {err}") from exc
         assert version is not None
-        for iv, s in new:
+        for iv in ivs:
             pv = (("computation", name), ("interval", str(iv)))
             self.files[iv] = kept[iv] + [FileEntry(path=f.path, partition_values=pv, size=f.size,
                                                    has_deletion_vector=False, action_json=add)
-                                         for f, add in zip([f for f in (s.image, s.ids_file, s.ids_merged) if f is not None],
-                                                           adds[iv], strict=True)]
+                                         for f, add in zip(made[iv], adds[iv], strict=True)]
         self.version = out.version = version
         self._observe(out)
         return True
@@ -355,12 +343,8 @@ class ImagePath(WritePath[BatchOutput]):
         """Raise StaleSequencerError on a newer claim or fence of an owned interval after ``version``."""
         mine = self.owner.sequencers
         for _v, info in commit_infos(self.rows_files, after=version) or ():
-            try:
-                meta = json.loads(info.get("userMetadata") or "{}")
-            except ValueError:
-                continue
-            if not isinstance(meta, dict) or meta.get("kind") not in ("claim", "fence") \
-                    or meta.get("computation") != self.name:
+            meta = user_metadata(info.get("userMetadata")) or {}
+            if meta.get("kind") not in ("claim", "fence") or meta.get("computation") != self.name:
                 continue
             newer = {int(iv): int(seq) for iv, seq in (meta.get("sequencers") or {}).items()
                      if int(iv) in mine and int(seq) > mine[int(iv)]}

@@ -1,16 +1,13 @@
 """The image path's recovery scan: what the interval images still hold to do and to deliver.
 
-:func:`scan` reads the owned intervals' images in the driver on acquisition; a checkpoint not yet
-delivered goes as its commit's own delivery (:func:`resolve` finds the commit) or by insert-only
-MERGE by record id (:class:`Recovery`)."""
+A checkpoint not yet delivered goes as its commit's own delivery (:func:`resolve`) or by MERGE."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ...delta.log import commit_info, json_commit_versions
+from ...delta.log import commit_info, json_commit_versions, user_metadata
 from ...delta.storefs import TableFiles
 from ...delta.txn import FileEntry, decode_path
 from ...rowtable.rows import FENCE_KEY, Production
@@ -28,8 +25,7 @@ class Checkpoint:
     interval: int
     version: int | None  # the rows commit that checkpointed them (an upper bound unless exact; None: unknown)
     exact: bool  # ``version`` is that commit's own (looked up by ``commit_id``), not a bound
-    commit_id: str | None  # that commit's id (what its delivery writes in the stream's commit_id column;
-    # None: the rows were written by several commits)
+    commit_id: str | None  # that commit's id, its delivery's commit_id column (None: several commits')
     prods: list[Production]
 
 
@@ -55,7 +51,8 @@ def scan(root: TableFiles, files: Mapping[int, Sequence[FileEntry]], *, name: st
          retention_ms: int | None) -> tuple[Recovery, list[Checkpoint]]:
     """The recovery scan of the images ``files``, with every checkpoint they hold (see :func:`resolve`).
 
-    Raises :class:`StaleSequencerError` first if an image's fence row carries a newer sequencer."""
+    Raises:
+        StaleSequencerError: an image's fence row carries a newer sequencer (checked first)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -110,11 +107,8 @@ def resolve(rows_files: TableFiles, c: Checkpoint, delivered: int, *, name: str)
     for v in range(c.version, delivered, -1):  # newest first: usually the bound itself
         if v not in present:
             return False  # the log was cleaned up past it: cannot tell
-        try:
-            meta = json.loads((commit_info(rows_files, v) or {}).get("userMetadata") or "{}")
-        except ValueError:
-            continue
-        if isinstance(meta, dict) and meta.get("commit_id") == c.commit_id:
+        meta = user_metadata((commit_info(rows_files, v) or {}).get("userMetadata")) or {}
+        if meta.get("commit_id") == c.commit_id:
             if meta.get("kind") == "commit" and meta.get("write_path") == "image" \
                     and meta.get("computation") == name:
                 c.version, c.exact = v, True

@@ -1,7 +1,5 @@
-"""What the image path's tasks hand to the driver: one summary per interval they ran.
-
-Summaries travel as Arrow rows of :data:`SUMMARY_DDL`; one that is :class:`Fenced` makes the
-driver raise ``StaleViewError``."""
+"""What the image path's tasks hand to the driver: one summary per interval they ran, as Arrow rows
+of :data:`SUMMARY_DDL`; one that is :class:`Fenced` makes the driver raise ``StaleViewError``."""
 
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT,
                "prod_files ARRAY<STRUCT<stream: STRING, path: STRING, size: BIGINT, num_rows: BIGINT, min_ts: BIGINT>>, "
                f"side ARRAY<{_SIDE}>, records_in BIGINT, processed BIGINT, duplicates BIGINT, fired BIGINT, "
                "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, ids_expired BIGINT, "
-               "keys_expired BIGINT, oldest_ms BIGINT, "
-               "next_proc_ms BIGINT, bloom_checked BIGINT, bloom_maybe BIGINT, bloom_false_pos BIGINT, "
-               "bloom_bytes BIGINT, images_read BIGINT, "
+               "keys_expired BIGINT, oldest_ms BIGINT, next_proc_ms BIGINT, bloom_checked BIGINT, "
+               "bloom_maybe BIGINT, bloom_false_pos BIGINT, bloom_bytes BIGINT, images_read BIGINT, "
                "obs_min BIGINT, obs_max BIGINT, "
                "fenced STRUCT<computation: STRING, sequencer: BIGINT, ours: BIGINT>")
 
@@ -87,9 +84,7 @@ class SideRecord:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> SideRecord:
         """A ``side`` element of a summary row."""
-        return cls(kind=row["kind"], record_id=row.get("record_id"), key=row.get("key"), value=row.get("value"),
-                   codec=row.get("codec"), timestamp_ms=row.get("timestamp_ms"), stream=row.get("stream"),
-                   position=row.get("position"), error=row.get("error"))
+        return cls(kind=row["kind"], **{f.name: row.get(f.name) for f in fields(cls) if f.name != "kind"})
 
 
 @dataclass(frozen=True)
@@ -147,15 +142,12 @@ class IntervalSummary:
 
     def to_row(self) -> dict[str, Any]:
         """The summary as a row of :data:`SUMMARY_DDL`."""
-        img, ids, m = self.image, self.ids_file, self.ids_merged
-        row: dict[str, Any] = {"interval": self.interval, "new_path": img.path if img else None,
-                               "new_size": img.size if img else None, "new_rows": img.rows if img else None,
-                               "ids_path": ids.path if ids else None, "ids_size": ids.size if ids else None,
-                               "ids_rows": ids.rows if ids else None, "ids_removed": list(self.ids_removed),
-                               "merged_path": m.path if m else None, "merged_size": m.size if m else None,
-                               "merged_rows": m.rows if m else None,
+        row: dict[str, Any] = {"interval": self.interval, "ids_removed": list(self.ids_removed),
                                "prod_files": [p.to_row() for p in self.prod_files],
                                "side": [s.to_row() for s in self.side]}
+        for prefix, img in (("new", self.image), ("ids", self.ids_file), ("merged", self.ids_merged)):
+            row.update({f"{prefix}_path": img and img.path, f"{prefix}_size": img and img.size,
+                        f"{prefix}_rows": img and img.rows})
         row.update((c, getattr(self, c)) for c in _COUNTS)
         f = self.fenced
         row.update(oldest_ms=self.oldest_ms, next_proc_ms=self.next_proc_ms, obs_min=self.obs_min,

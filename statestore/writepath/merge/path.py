@@ -1,8 +1,4 @@
-"""The MERGE write path: one fenced Delta MERGE per batch (any store; the image path's fallback).
-
-The commit is :meth:`RowStore.commit_frame`'s fenced MERGE; deliveries insert where the record id
-is absent (``delivery.py``). Record ids live in the key rows, so a deduplicating computation whose
-intervals hold ids files is refused (:class:`WritePathSwitchError`) rather than lose its history."""
+"""The MERGE write path: one fenced Delta MERGE per batch, any store (docs/write-paths.md)."""
 
 from __future__ import annotations
 
@@ -38,12 +34,8 @@ class MergeBatch:
 
 
 class MergePath(WritePath[MergeBatch]):
-    """The fenced MERGE write path of computation ``name``'s owned intervals.
-
-    Args:
-        track_oldest: keep each interval's oldest work from the committed rows (for watermarks).
-        dedup: the computation deduplicates record ids: intervals holding ids files are refused.
-    """
+    """The fenced MERGE write path of computation ``name``'s owned intervals; ``track_oldest``: keep each
+    interval's oldest work (for watermarks); ``dedup``: refuse intervals holding ids files."""
 
     def __init__(self, spark: Any, layout: StoreLayout, owner: IntervalOwner, *, name: str,
                  outputs: Sequence[str], track_oldest: bool, dedup: bool = True) -> None:
@@ -60,8 +52,7 @@ class MergePath(WritePath[MergeBatch]):
         """:meth:`WritePath.acquire`: fence with a MERGE, recover and redeliver by insert-if-absent.
 
         Raises:
-            WritePathSwitchError: the computation deduplicates and an owned interval holds ids
-                files (the leases are given back; nothing was written)."""
+            WritePathSwitchError: the computation deduplicates and an owned interval holds ids files."""
         rec = self.owner.acquire(intervals, wait_s=wait_s)
         if self.dedup:
             self._refuse_ids_files()

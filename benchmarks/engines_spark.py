@@ -280,9 +280,6 @@ def _make_processor() -> Any:
                 "count": np.array([v[0]], dtype=np.int64),
             })])
 
-        def close(self) -> None:
-            pass
-
     return WindowCountProcessor()
 
 

@@ -26,8 +26,8 @@ def pick_names(text: str, allowed: Sequence[str], what: str, bench: str) -> list
     if bad or not got:
         from deltawheel.statestore.exceptions import ConfigError
 
-        raise ConfigError(f"bench {bench}: unknown {what} {', '.join(map(repr, bad)) or '(none)'}; the {what}s are "
-                          f"{', '.join(allowed)}")
+        unknown = ", ".join(map(repr, bad)) or "(none)"
+        raise ConfigError(f"bench {bench}: unknown {what} {unknown}; the {what}s are {', '.join(allowed)}")
     return got
 
 
@@ -37,7 +37,7 @@ def _add_workload_arguments(p: argparse.ArgumentParser, **out: Any) -> None:
                    help="workload size: WORKLOAD.md's small, medium, big, or big-keys (big over 500,000 key ranks; "
                         "default small)")
     p.add_argument("--out", type=Path, **out)
-    p.add_argument("--data-root", type=Path, default=None, help="dataset folder (default <repo>/bench-out/data)")
+    p.add_argument("--data-root", type=Path, help="dataset folder (default <repo>/bench-out/data)")
 
 
 def add_throughput_arguments(p: argparse.ArgumentParser) -> None:

@@ -287,7 +287,8 @@ def run(spark: Any, servers: Servers, out: Path, *, targets: list[str], latencie
             for shape in shapes:
                 for n in writers:
                     name = f"{run_id}-{target}-{lat}ms-{shape}-n{n}"
-                    uri = f"s3a://{BUCKET}/{name}" if target == "s3a" else str((out / "stores" / name).resolve())
+                    local = str((out / "stores" / name).resolve())
+                    uri = f"s3a://{BUCKET}/{name}" if target == "s3a" else local
                     print(f"commits: {target} {lat} ms {shape} N={n}: running {warmup:g}+{seconds:g} s ...", flush=True)
                     point = measure_point(
                         spark, zk_hosts=servers.zk_hosts, count_hosts=servers.leader_hosts, store_uri=uri,

@@ -174,11 +174,13 @@ def _read_sink(spark: Any, sink: Path | str) -> pa.Table:
 
 
 _SETTING_KEYS = ("spark.master", "spark.sql.shuffle.partitions", "spark.driver.memory",
-                 "spark.sql.streaming.stateStore.providerClass", "spark.sql.streaming.noDataMicroBatches.enabled",
+                 "spark.sql.streaming.stateStore.providerClass",
+                 "spark.sql.streaming.noDataMicroBatches.enabled",
                  "spark.sql.streaming.checkpointFileManagerClass")
 #: what both Spark engines share: a parquet file sink, availableNow, one file per batch
-_FILE_SINK = {"exactly_once": True, "strong_productions": False, "sink": "parquet (file sink, _spark_metadata log)",
-              "trigger": "availableNow", "maxFilesPerTrigger": 1}
+_FILE_SINK = {"exactly_once": True, "strong_productions": False,
+              "sink": "parquet (file sink, _spark_metadata log)", "trigger": "availableNow",
+              "maxFilesPerTrigger": 1}
 _WALL_NOTE = "wall_s = writeStream.start() to termination (includes query planning)"
 
 
@@ -236,8 +238,9 @@ class SparkSqlEngine:
                      f"= {run.dropped_by_watermark()}")
         settings = _spark_settings(spark, operator="groupBy(key, window).count()",
                                    **({} if store is None else {"store": store}))
-        return build_result(self.name, data, output=_read_sink(spark, sink), wall_s=run.wall_s, settings=settings,
-                            open_events_at_end=open_events, batches=run.batches, batch_s=run.batch_s, notes=notes)
+        return build_result(self.name, data, output=_read_sink(spark, sink), wall_s=run.wall_s,
+                            settings=settings, open_events_at_end=open_events, batches=run.batches,
+                            batch_s=run.batch_s, notes=notes)
 
 
 def _make_processor() -> Any:

@@ -152,7 +152,7 @@ def run_isolated(spec: RunSpec, *, work_dir: Path, progress: ProgressFn | None =
     _kill_group(proc)  # what the child left running (its JVM ends on its own, a stuck one not)
     reader.join(timeout=5.0)
     if rc != 0 or not result_path.is_file() or sampler is None:
-        err_tail = err_path.read_text(errors="replace").splitlines()[-_TAIL_LINES:] if err_path.is_file() else []
+        err_tail = err_path.read_text(errors="replace").splitlines()[-_TAIL_LINES:]
         lines = "\n".join(["stderr:", *err_tail, "stdout:", *out_tail])
         raise WorkloadError(f"engine {spec.engine}: its process {proc.pid} failed (exit {rc}); full stderr in "
                             f"{err_path}; its last lines:\n{lines}")

@@ -238,7 +238,8 @@ def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: 
             cks = check_key_counts(schedule, rows, file_batch=first_fb, renamed=log.renamed, record_batch=first_rb)
         checks += [{"stage": o.stage, **c.to_dict()} for c in cks]
         vt = version_times(tail.versions, st.commit_time)
-        commit, batch = record_times(schedule, rows, kind=o.kind, vtime=vt, file_batch=first_fb, record_batch=first_rb)
+        commit, batch = record_times(schedule, rows, kind=o.kind, vtime=vt, file_batch=first_fb,
+                                     record_batch=first_rb)
         if not o.reads_input_files:
             batch = np.full(schedule.total, -1)
         details = run.batch_details(o.stage)

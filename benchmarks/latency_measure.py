@@ -135,7 +135,8 @@ def version_times(versions: Mapping[int, Any], source: str) -> dict[int, float]:
     if source not in COMMIT_TIME_SOURCES:
         raise ValueError(f"commit time source must be one of {COMMIT_TIME_SOURCES}, not {source!r}")
     ci = source == "commit_info"
-    return {v: float(i.commit_info_s if ci and i.commit_info_s is not None else i.mtime_s) for v, i in versions.items()}
+    return {v: float(i.commit_info_s if ci and i.commit_info_s is not None else i.mtime_s)
+            for v, i in versions.items()}
 
 
 def record_times(schedule: Schedule, rows: pa.Table | None, *, kind: str, vtime: Mapping[int, float],
@@ -301,13 +302,13 @@ def ratios(engines: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, floa
     def ratio(x: float | None, y: float | None) -> float | None:
         return round(x / y, 3) if x is not None and y else None
 
-    return {f"{a}/{b}": {q: ratio(ra["latency_s"].get(q), rb["latency_s"].get(q)) for q in ("p50", "p99", "max")}
+    return {f"{a}/{b}": {q: ratio(ra["latency_s"].get(q), rb["latency_s"].get(q))
+                         for q in ("p50", "p99", "max")}
             for a, ra in engines.items() for b, rb in engines.items() if a != b}
 
 
 def stage_lines(stages: list[Mapping[str, Any]]) -> list[str]:
-    """For several stages, a line per stage: its latency from arrival, what it added to the stage
-    before it and its low watermark's lag."""
+    """With several stages, a line per stage: its latency, what it added and its low watermark's lag."""
     if len(stages) < 2:
         return []
     out = []

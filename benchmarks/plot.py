@@ -31,8 +31,7 @@ def figure(path: Path, *, dpi: int = 120, **subplots: Any) -> Iterator[tuple[Any
 
 
 def plot_throughput(report: Mapping[str, Any], path: Path, *, log_scale: bool | None = None) -> Path:
-    """Bar chart of records/s per engine (the report of :func:`.throughput.run_throughput`), each bar
-    annotated with its ratio to the slowest; log scale beyond 20x, incorrect engines hatched."""
+    """Records/s per engine, with ratios to the slowest; log scale beyond 20x, wrong ones hatched."""
     engines = report["engines"]
     names = list(engines)
     rates = [float(engines[n]["records_per_s"]) for n in names]

@@ -70,7 +70,8 @@ def run_watermarks(size: str, *, out_dir: Path, data_root: Path | None = None,
     results: dict[str, Any] = {}
     for i, (name, percentile) in enumerate(estimates):
         say(f"estimate {name} ({i + 1} of {len(estimates)}): running")
-        r = results[name] = {"percentile": percentile, **_run_one(spark, data, percentile, out_dir / "runs" / name)}
+        got = _run_one(spark, data, percentile, out_dir / "runs" / name)
+        r = results[name] = {"percentile": percentile, **got}
         say(f"estimate {name}: lag mean {r['lag_mean_s']} s, max {r['lag_max_s']} s; late {r['late']:,} "
             f"({100 * r['late_share']:.3f} %); {r['rows']:,} rows; {r['wall_s']} s")
     report = {"size": size, "n": data.n, "bound_ms": BOUND_MS, "estimates": results}
@@ -82,10 +83,10 @@ def run_watermarks(size: str, *, out_dir: Path, data_root: Path | None = None,
 
 def format_table(report: dict[str, Any]) -> str:
     """The figures as a Markdown table."""
-    rows = [f"| {name} | {r['lag_mean_s']} / {r['lag_max_s']} | {r['late']:,} | {100 * r['late_share']:.3f} % | "
-            f"{r['rows']:,} |" for name, r in report["estimates"].items()]
-    return "\n".join(["| estimate | watermark lag mean / max (s) | late records | late share | rows emitted |",
-                      "|---|---|---|---|---|", *rows])
+    rows = [f"| {name} | {r['lag_mean_s']} / {r['lag_max_s']} | {r['late']:,} | "
+            f"{100 * r['late_share']:.3f} % | {r['rows']:,} |" for name, r in report["estimates"].items()]
+    head = "| estimate | watermark lag mean / max (s) | late records | late share | rows emitted |"
+    return "\n".join([head, "|---|---|---|---|---|", *rows])
 
 
 def run_from_args(args: argparse.Namespace) -> int:

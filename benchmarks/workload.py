@@ -166,12 +166,13 @@ def find_generator() -> Path:
         WorkloadError: neither ``$DELTAWHEEL_WORKLOAD_DIR`` nor ``<repo>/../shared/workload`` has it.
     """
     env = os.environ.get("DELTAWHEEL_WORKLOAD_DIR")
-    candidates = [*([Path(env) / "gen.py"] if env else []), _repo_root().parent / "shared" / "workload" / "gen.py"]
+    shared = _repo_root().parent / "shared" / "workload" / "gen.py"
+    candidates = [*([Path(env) / "gen.py"] if env else []), shared]
     found = next((c for c in candidates if c.is_file()), None)
     if found is None:
-        raise WorkloadError(f"reference workload generator gen.py not found (looked at "
-                            f"{', '.join(str(c) for c in candidates)}); set DELTAWHEEL_WORKLOAD_DIR to the folder "
-                            "holding WORKLOAD.md's gen.py")
+        looked = ", ".join(str(c) for c in candidates)
+        raise WorkloadError(f"reference workload generator gen.py not found (looked at {looked}); set "
+                            "DELTAWHEEL_WORKLOAD_DIR to the folder holding WORKLOAD.md's gen.py")
     return found
 
 
@@ -237,13 +238,13 @@ def ensure_workload(size: str, *, root: Path | None = None, params: WorkloadPara
     files = tuple(data_dir / "input" / f["file"] for f in manifest["files"])
     digest = str(manifest["content_sha256"])
     if verify_content and (actual := content_digest(files)) != digest:
-        raise WorkloadError(f"{data_dir}: the Parquet files do not match their manifest (content_sha256 {actual} "
-                            f"vs {digest}); delete the folder to regenerate it")
+        raise WorkloadError(f"{data_dir}: the Parquet files do not match their manifest (content_sha256 "
+                            f"{actual} vs {digest}); delete the folder to regenerate it")
     if named and digest != EXPECTED_SHA256[size]:
         raise WorkloadError(
-            f"{data_dir}: content_sha256 {digest} differs from WORKLOAD.md's {EXPECTED_SHA256[size]} for size "
-            f"{size!r}; the generator or its numpy/pyarrow versions changed. Delete the folder and regenerate "
-            "with the reference gen.py")
+            f"{data_dir}: content_sha256 {digest} differs from WORKLOAD.md's {EXPECTED_SHA256[size]} for "
+            f"size {size!r}; the generator or its numpy/pyarrow versions changed. Delete the folder and "
+            "regenerate with the reference gen.py")
     return WorkloadData(size=size, params=params, data_dir=data_dir, files=files, content_sha256=digest,
                         verified=named)
 

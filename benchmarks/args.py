@@ -4,25 +4,48 @@ importing the benchmark modules)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any, Sequence
 
 __all__ = ["SIZE_NAMES", "add_throughput_arguments", "add_cache_arguments", "add_watermark_arguments", "add_latency_arguments",
-           "DEFAULT_CAPACITIES", "add_commits_arguments"]
+           "DEFAULT_CAPACITIES", "add_commits_arguments", "pick_names"]
 
 DEFAULT_CAPACITIES = (0.02, 0.05, 0.1, 0.2, 0.4)
 #: the named workload sizes (``workload.SIZES``; docs/benchmarks.md, "The workload")
 SIZE_NAMES = ("small", "medium", "big", "big-keys")
 
 
-def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the throughput benchmark's options (size, output folder, engines, warm-up, rounds, isolation) to ``p``."""
+def pick_names(text: str, allowed: Sequence[str], what: str, bench: str) -> list[str]:
+    """The comma-separated names of ``text``.
+
+    Raises:
+        ConfigError: none given, or one not in ``allowed``.
+    """
+    got = [x.strip() for x in text.split(",") if x.strip()]
+    bad = sorted(set(got) - set(allowed))
+    if bad or not got:
+        from deltawheel.statestore.exceptions import ConfigError
+
+        unknown = ", ".join(map(repr, bad)) or "(none)"
+        raise ConfigError(f"bench {bench}: unknown {what} {unknown}; the {what}s are {', '.join(allowed)}")
+    return got
+
+
+def _add_workload_arguments(p: argparse.ArgumentParser, **out: Any) -> None:
+    """``--size``, ``--out`` (its ``default``/``required`` and ``help`` in ``out``) and ``--data-root``."""
     p.add_argument("--size", default="small", choices=SIZE_NAMES,
                    help="workload size: WORKLOAD.md's small, medium, big, or big-keys (big over 500,000 key ranks; "
                         "default small)")
-    p.add_argument("--out", required=True, help="output folder for throughput.json / throughput.png")
+    p.add_argument("--out", type=Path, **out)
+    p.add_argument("--data-root", type=Path, help="dataset folder (default <repo>/bench-out/data)")
+
+
+def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the throughput benchmark's options (size, output folder, engines, warm-up, rounds, isolation) to ``p``."""
+    _add_workload_arguments(p, required=True, help="output folder for throughput.json / throughput.png")
     p.add_argument("--engines", default=None,
                    help="comma-separated engine names, run in this order (default: every engine: "
                    "spark_sql, spark_tws, deltawheel, deltawheel_merge, deltawheel_jvm_read, deltawheel_vector, deltawheel_columnar)")
-    p.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
     p.add_argument("--warmup", action="store_true",
                    help="run each engine once, unmeasured, on a tiny input first (JVM warm-up; isolated: in each "
                         "run's own process, before its measured run)")
@@ -45,11 +68,9 @@ def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_cache_arguments(p: argparse.ArgumentParser) -> None:
     """Add the cache benchmark's options (size, output folder, capacities) to ``p``."""
-    p.add_argument("--size", default="small", choices=SIZE_NAMES, help="workload size (WORKLOAD.md's, or big-keys)")
-    p.add_argument("--out", required=True, help="output folder for cache.json / cache.png")
+    _add_workload_arguments(p, required=True, help="output folder for cache.json / cache.png")
     p.add_argument("--capacities", default=",".join(str(c) for c in DEFAULT_CAPACITIES),
                    help="comma-separated capacities as shares of the keys the trace touches (0 < c <= 1)")
-    p.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
     p.add_argument("--trace", default=None,
                    help="replay the batch path's image lookups recorded in this folder (a run with "
                         "DELTAWHEEL_IMAGE_CACHE_TRACE=DIR) instead of the workload's row trace; --capacities are "
@@ -58,9 +79,7 @@ def add_cache_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_watermark_arguments(p: argparse.ArgumentParser) -> None:
     """The ``bench watermarks`` options."""
-    p.add_argument("--size", default="small", choices=SIZE_NAMES, help="workload size (WORKLOAD.md's, or big-keys)")
-    p.add_argument("--out", default="bench-out/watermarks", help="output folder for watermarks.json")
-    p.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
+    _add_workload_arguments(p, default="bench-out/watermarks", help="output folder for watermarks.json")
     p.add_argument("--percentiles", default="0.001,0.01",
                    help="comma-separated shares for the percentile estimates (beside bound and exact)")
 

@@ -228,9 +228,7 @@ def replay_trace(events: list[dict[str, Any]], policy: str, max_bytes: int) -> d
         slot = (e["comp"], e["iv"])
         if e["op"] == "get":
             cache.observe(e["comp"], e.get("wm"))
-            if cache.get(_key(e), slot=slot, count=bool(e["paths"])) is None:
-                cache.put(_key(e), None, nbytes=e["bytes"], next_ev=e.get("next_ev"), slot=slot, group=e["comp"])
-        else:
+        if e["op"] != "get" or cache.get(_key(e), slot=slot, count=bool(e["paths"])) is None:
             cache.put(_key(e), None, nbytes=e["bytes"], next_ev=e.get("next_ev"), slot=slot, group=e["comp"])
     return {"lookups": cache.lookups, "hits": cache.hits, "evictions": cache.evictions}
 
@@ -288,19 +286,15 @@ def run_trace_bench(folder: Path, *, out: Path, shares: Sequence[float]) -> dict
             tot["hit_rate"] = round(tot["hits"] / tot["lookups"], 4) if tot["lookups"] else 0.0  # type: ignore[assignment]
             row[policy] = tot
         runs.append(row)
+    gets = [e for v in workers.values() for e in v if e["op"] == "get" and e["paths"]]
     report = {"benchmark": "cache_trace", "trace": str(folder), "workers": len(workers),
-              "events": sum(len(v) for v in workers.values()),
-              "lookups": sum(1 for v in workers.values() for e in v if e["op"] == "get" and e["paths"]),
-              "recorded_hit_rate": _recorded_hit_rate(workers), "runs": runs}
+              "events": sum(len(v) for v in workers.values()), "lookups": len(gets),
+              "recorded_hit_rate": round(sum(bool(e["hit"]) for e in gets) / len(gets), 4) if gets else None,
+              "runs": runs}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cache_trace.json").write_text(json.dumps(report, indent=1))
     return report
-
-
-def _recorded_hit_rate(workers: dict[str, list[dict[str, Any]]]) -> float | None:
-    gets = [e for v in workers.values() for e in v if e["op"] == "get" and e["paths"]]
-    return round(sum(bool(e["hit"]) for e in gets) / len(gets), 4) if gets else None
 
 
 def format_trace_table(report: dict[str, Any]) -> str:
@@ -308,9 +302,8 @@ def format_trace_table(report: dict[str, Any]) -> str:
     head = f"{'bound (share of peak bytes)':>28} {'lru':>7} {'window':>7} {'opt':>7}"
     lines = [f"{report['workers']} workers, {report['lookups']} image lookups (recorded hit rate "
              f"{report['recorded_hit_rate']})", head, "-" * len(head)]
-    for r in report["runs"]:
-        lines.append(f"{r['capacity_share']:>28.0%} {r['lru']['hit_rate']:>7.3f} {r['window']['hit_rate']:>7.3f} "
-                     f"{r['opt']['hit_rate']:>7.3f}")
+    lines += [f"{r['capacity_share']:>28.0%} {r['lru']['hit_rate']:>7.3f} {r['window']['hit_rate']:>7.3f} "
+              f"{r['opt']['hit_rate']:>7.3f}" for r in report["runs"]]
     return "\n".join(lines)
 
 
@@ -331,8 +324,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(format_trace_table(got))
         print(f"wrote {Path(args.out) / 'cache_trace.json'}")
         return 0
-    report = run_cache_bench(args.size, out=Path(args.out), capacities=caps,
-                             data_root=Path(args.data_root) if args.data_root else None)
+    report = run_cache_bench(args.size, out=args.out, capacities=caps, data_root=args.data_root)
     print(format_table(report))
     print(f"wrote {Path(args.out) / 'cache.json'} and {Path(args.out) / 'cache.png'}")
     return 0

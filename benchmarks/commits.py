@@ -11,9 +11,11 @@ import os
 import threading
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .args import pick_names
 from .commits_writer import WriterSpec, WriterStats, run_writer
 from .plot import plot_commits
 
@@ -48,10 +50,7 @@ def summarize(stats: Sequence[WriterStats], *, elapsed_s: float, zk_writes: int)
     commits = sum(s.commits for s in stats)
     commit_s = [x for s in stats for x in s.commit_s]
     batch_s = [x for s in stats for x in s.batch_s]
-    failed: dict[str, int] = {}
-    for s in stats:
-        for k, v in s.failed.items():
-            failed[k] = failed.get(k, 0) + v
+    failed = dict(sum((Counter(s.failed) for s in stats), Counter[str]()))
     batches = commits + sum(failed.values())
     return {
         "seconds": round(elapsed_s, 2),
@@ -86,17 +85,6 @@ def point_line(p: dict[str, Any]) -> str:
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
-
-
-def _names(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    got = [x.strip() for x in text.split(",") if x.strip()]
-    bad = sorted(set(got) - set(allowed))
-    if bad or not got:
-        from deltawheel.statestore.exceptions import ConfigError
-
-        raise ConfigError(f"bench commits: unknown {what} {', '.join(map(repr, bad)) or '(none)'}; "
-                          f"choose from {', '.join(allowed)}")
-    return got
 
 
 def zxid(hosts: str) -> int:
@@ -144,10 +132,8 @@ class Servers:
         from deltawheel.servers.zookeeper import EmbeddedZooKeeper
 
         tag = uuid.uuid4().hex[:6]
-        if self.ensemble:
-            self._zk = ZooKeeperEnsemble(self.root / f"_zk-{tag}")
-        else:
-            self._zk = EmbeddedZooKeeper(self.root / f"_zk-{tag}", port=free_ports(1)[0])
+        self._zk = (ZooKeeperEnsemble(self.root / f"_zk-{tag}") if self.ensemble
+                    else EmbeddedZooKeeper(self.root / f"_zk-{tag}", port=free_ports(1)[0]))
         self._zk.start()
         if self.object_store:
             from deltawheel.servers.s3proxy import S3ProxyServer
@@ -211,11 +197,10 @@ def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: i
     from deltawheel import migrations
 
     layout = StoreLayout(store_uri)
-    if set_latency is not None:
-        set_latency(0)  # making the store is not measured
+    set_latency = set_latency or (lambda _ms: None)
+    set_latency(0)  # making the store is not measured
     migrations.apply(spark, layout, dry_run=False)
-    if set_latency is not None:
-        set_latency(latency_ms)
+    set_latency(latency_ms)
     counter = count_hosts or (lambda: zk_hosts)
     zk = ZkConfig(hosts=zk_hosts, chroot=f"/dw-bench-{uuid.uuid4().hex[:10]}", session_timeout_s=20.0)
     pipeline = "bench"
@@ -302,10 +287,8 @@ def run(spark: Any, servers: Servers, out: Path, *, targets: list[str], latencie
             for shape in shapes:
                 for n in writers:
                     name = f"{run_id}-{target}-{lat}ms-{shape}-n{n}"
-                    if target == "s3a":
-                        uri = f"s3a://{BUCKET}/{name}"
-                    else:
-                        uri = str((out / "stores" / name).resolve())
+                    local = str((out / "stores" / name).resolve())
+                    uri = f"s3a://{BUCKET}/{name}" if target == "s3a" else local
                     print(f"commits: {target} {lat} ms {shape} N={n}: running {warmup:g}+{seconds:g} s ...", flush=True)
                     point = measure_point(
                         spark, zk_hosts=servers.zk_hosts, count_hosts=servers.leader_hosts, store_uri=uri,
@@ -326,8 +309,8 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     if args.quick:
         args.writers, args.targets, args.seconds, args.warmup = "1,2", "local", 4.0, 1.0
-    targets = _names(args.targets, TARGETS, "target")
-    shapes = _names(args.shapes, SHAPES, "shape")
+    targets = pick_names(args.targets, TARGETS, "target", "commits")
+    shapes = pick_names(args.shapes, SHAPES, "shape", "commits")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     servers = Servers(out, ensemble=args.ensemble, object_store="s3a" in targets)
@@ -355,8 +338,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def failed_checks(points: list[dict[str, Any]]) -> list[str]:
-    """A line per point whose counts do not hold: a failed batch, a key missing, a writer's error,
-    counted commits that are not the log's, or no commit at all (a point that measured nothing)."""
+    """A line per point with a failed batch, a missing key, a writer's error, a commit not logged, or none."""
     return [f"{p['target']} {p['latency_ms']} ms {p['shape']} N={p['writers']}: failed {p['failed']}, keys missing "
             f"{p['keys_missing']}, counted {p['commits']} vs log {p['log_versions_of_counted_commits']}"
             + (", no commit" if not p["commits"] else "")

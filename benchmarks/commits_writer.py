@@ -5,6 +5,7 @@ watermarks; a failed batch is counted by its error's type and the writer goes on
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -122,10 +123,8 @@ def run_writer(spark: Any, layout: Any, zk: Any, *, pipeline: str, spec: WriterS
                 stats.commit_ids.append(res.commit_id)
                 stats.keys.update(picked)
     finally:
-        try:
+        with contextlib.suppress(Exception):
             leases.release(spec.computation)
-        except Exception:
-            pass
         leases.close()
         authority.close()
         client.stop()

@@ -23,8 +23,7 @@ WIN = 10_000
 
 
 def window_count(intervals: int = 4, *, vectorised: bool = False, columnar: bool = False) -> Any:
-    """The benchmark's window count over ``intervals`` key intervals: per record, or declaring the
-    ``vectorised`` / ``columnar`` path."""
+    """The benchmark's window count over ``intervals`` key intervals (per record, vectorised or columnar)."""
     from deltawheel.executor.computation import RECORD_KEY, Computation
 
     class WindowCount(Computation):

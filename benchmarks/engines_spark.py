@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from .memory import measured_run_ended
-from .workload import WIN_MS, WorkloadData, check_output
+from .workload import OUT_SCHEMA, WIN_MS, WorkloadData, check_output
 
 __all__ = ["ProgressFn", "Engine", "EngineResult", "build_result", "SPARK_BENCH_CONF", "ROCKSDB_PROVIDER",
            "SparkSqlEngine", "SparkTwsEngine", "StreamingRun", "run_streaming_query", "fresh_dir"]
@@ -60,13 +60,9 @@ class EngineResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The result as JSON-ready plain types (tuples and mappings as lists and dicts)."""
-        d = asdict(self)
-        d["settings"] = dict(self.settings)
-        d["notes"] = list(self.notes)
-        d["batch_s"] = list(self.batch_s)
-        d["rounds_records_per_s"] = list(self.rounds_records_per_s)
-        d["peak_memory"] = dict(self.peak_memory) if self.peak_memory is not None else None
-        return d
+        return {**asdict(self), "settings": dict(self.settings), "notes": list(self.notes),
+                "batch_s": list(self.batch_s), "rounds_records_per_s": list(self.rounds_records_per_s),
+                "peak_memory": dict(self.peak_memory) if self.peak_memory is not None else None}
 
     def with_(self, **changes: Any) -> EngineResult:
         """A copy of this result with the given fields replaced."""
@@ -96,18 +92,15 @@ def build_result(name: str, data: WorkloadData, *, output: pa.Table, wall_s: flo
     if not chk.correct:
         notes.append(f"output differs from reference: {chk.missing} reference rows missing, "
                      f"{chk.unexpected} unexpected rows")
+    invariant = None
     if late_dropped is not None and open_events_at_end is None:
         open_events_at_end = data.n - chk.sum_counts - late_dropped
         notes.append("open_events_at_end derived as N - sum_counts - late_dropped")
-        invariant = None
     elif open_events_at_end is not None and late_dropped is None:
         late_dropped = data.n - chk.sum_counts - open_events_at_end
         notes.append("late_dropped derived as N - sum_counts - open_events_at_end")
-        invariant = None
     elif late_dropped is not None and open_events_at_end is not None:
         invariant = chk.sum_counts + late_dropped + open_events_at_end == data.n
-    else:
-        invariant = None
     return EngineResult(
         name=name, records_per_s=round(data.n / wall_s, 1) if wall_s > 0 else float("inf"),
         wall_s=round(wall_s, 3), emitted_rows=chk.emitted_rows, sum_counts=chk.sum_counts,
@@ -172,38 +165,41 @@ def run_streaming_query(writer: Any, *, name: str, progress: ProgressFn | None) 
     return StreamingRun(wall_s=wall, progresses=tuple(q.recentProgress))
 
 
-def _read_sink(path: Path) -> pa.Table:
-    files = sorted(str(p) for p in path.glob("*.parquet"))
-    if not files:
-        return pa.table({"key": pa.array([], pa.string()), "window_start_ms": pa.array([], pa.int64()),
-                         "count": pa.array([], pa.int64())})
-    return pads.dataset(files, format="parquet").to_table()
+def _read_sink(spark: Any, sink: Path | str) -> pa.Table:
+    """The file sink's rows: a local folder's files, or through Spark (its ``_spark_metadata`` log)."""
+    if not isinstance(sink, Path):
+        return spark.read.parquet(sink).select("key", "window_start", "count").toArrow()
+    files = sorted(str(p) for p in sink.glob("*.parquet"))
+    return pads.dataset(files, format="parquet").to_table() if files else OUT_SCHEMA.empty_table()
 
 
-def _read_sink_spark(spark: Any, uri: str) -> pa.Table:
-    """A file sink on another store, read through Spark (its ``_spark_metadata`` log names the files)."""
-    return spark.read.parquet(uri).select("key", "window_start", "count").toArrow()
+_SETTING_KEYS = ("spark.master", "spark.sql.shuffle.partitions", "spark.driver.memory",
+                 "spark.sql.streaming.stateStore.providerClass",
+                 "spark.sql.streaming.noDataMicroBatches.enabled",
+                 "spark.sql.streaming.checkpointFileManagerClass")
+#: what both Spark engines share: a parquet file sink, availableNow, one file per batch
+_FILE_SINK = {"exactly_once": True, "strong_productions": False,
+              "sink": "parquet (file sink, _spark_metadata log)", "trigger": "availableNow",
+              "maxFilesPerTrigger": 1}
+_WALL_NOTE = "wall_s = writeStream.start() to termination (includes query planning)"
 
 
 def _spark_settings(spark: Any, **extra: Any) -> dict[str, Any]:
-    conf = spark.conf
-    keys = ("spark.master", "spark.sql.shuffle.partitions", "spark.driver.memory",
-            "spark.sql.streaming.stateStore.providerClass",
-            "spark.sql.streaming.noDataMicroBatches.enabled", "spark.sql.streaming.checkpointFileManagerClass")
-    d: dict[str, Any] = {}
-    for k in keys:
-        try:
-            d[k] = conf.get(k)
-        except Exception:
-            d[k] = None
-    d["spark_version"] = spark.version
-    d.update(extra)
-    return d
+    conf = {k: spark.conf.get(k, None) for k in _SETTING_KEYS}
+    return {**conf, "spark_version": spark.version, **_FILE_SINK, **extra}
 
 
 def _input_stream(spark: Any, data: WorkloadData) -> Any:
-    return (spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1)
-            .parquet(str(data.input_dir)))
+    return spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1).parquet(str(data.input_dir))
+
+
+def _run_to_parquet(name: str, df: Any, *, sink: Path | str, ckpt: Path | str,
+                    progress: ProgressFn | None) -> StreamingRun:
+    """Run ``df`` into a parquet file sink (availableNow) and wait for it."""
+    writer = (df.writeStream.format("parquet").outputMode("append")
+              .option("path", str(sink)).option("checkpointLocation", str(ckpt))
+              .trigger(availableNow=True).queryName(f"bench_{name}"))
+    return run_streaming_query(writer, name=name, progress=progress)
 
 
 class SparkSqlEngine:
@@ -229,11 +225,8 @@ class SparkSqlEngine:
                .groupBy("key", F.window("event_time", "10 seconds"))
                .count()
                .select("key", F.col("window.start").alias("window_start"), "count"))
-        writer = (agg.writeStream.format("parquet").outputMode("append")
-                  .option("path", str(sink)).option("checkpointLocation", str(ckpt))
-                  .trigger(availableNow=True).queryName(f"bench_{self.name}"))
-        run = run_streaming_query(writer, name=self.name, progress=progress)
-        notes = ["wall_s = writeStream.start() to termination (includes query planning)"]
+        run = _run_to_parquet(self.name, agg, sink=sink, ckpt=ckpt, progress=progress)
+        notes = [_WALL_NOTE]
         open_events: int | None = None
         try:
             st = spark.read.format("statestore").load(str(ckpt))
@@ -243,16 +236,11 @@ class SparkSqlEngine:
             notes.append(f"state not readable ({type(exc).__name__}); open events unknown")
         notes.append(f"Spark metric numRowsDroppedByWatermark (counts partially aggregated rows) "
                      f"= {run.dropped_by_watermark()}")
-        settings = _spark_settings(spark, exactly_once=True, strong_productions=False,
-                                   sink="parquet (file sink, _spark_metadata log)",
-                                   trigger="availableNow", maxFilesPerTrigger=1,
-                                   operator="groupBy(key, window).count()")
-        if store is not None:
-            settings["store"] = store
-        output = _read_sink(sink) if isinstance(sink, Path) else _read_sink_spark(spark, sink)
-        return build_result(self.name, data, output=output, wall_s=run.wall_s,
-                            settings=settings, open_events_at_end=open_events, batches=run.batches, batch_s=run.batch_s,
-                            notes=notes)
+        settings = _spark_settings(spark, operator="groupBy(key, window).count()",
+                                   **({} if store is None else {"store": store}))
+        return build_result(self.name, data, output=_read_sink(spark, sink), wall_s=run.wall_s,
+                            settings=settings, open_events_at_end=open_events, batches=run.batches,
+                            batch_s=run.batch_s, notes=notes)
 
 
 def _make_processor() -> Any:
@@ -295,9 +283,6 @@ def _make_processor() -> Any:
                 "count": np.array([v[0]], dtype=np.int64),
             })])
 
-        def close(self) -> None:
-            pass
-
     return WindowCountProcessor()
 
 
@@ -318,18 +303,11 @@ class SparkTwsEngine:
                .transformWithStateInPandas(statefulProcessor=_make_processor(),
                                            outputStructType=OUTPUT_DDL, outputMode="Append",
                                            timeMode="EventTime"))
-        writer = (out.writeStream.format("parquet").outputMode("append")
-                  .option("path", str(sink)).option("checkpointLocation", str(ckpt))
-                  .trigger(availableNow=True).queryName(f"bench_{self.name}"))
-        run = run_streaming_query(writer, name=self.name, progress=progress)
-        notes = ["wall_s = writeStream.start() to termination (includes query planning)",
-                 "late_dropped = Spark metric numRowsDroppedByWatermark (rows dropped before the "
+        run = _run_to_parquet(self.name, out, sink=sink, ckpt=ckpt, progress=progress)
+        notes = [_WALL_NOTE, "late_dropped = Spark metric numRowsDroppedByWatermark (rows dropped before the "
                  "operator, by event time)"]
-        settings = _spark_settings(spark, exactly_once=True, strong_productions=False,
-                                   sink="parquet (file sink, _spark_metadata log)",
-                                   trigger="availableNow", maxFilesPerTrigger=1,
-                                   operator="transformWithStateInPandas(MapState + event-time timers)",
+        settings = _spark_settings(spark, operator="transformWithStateInPandas(MapState + event-time timers)",
                                    timer="window_end - 1 ms")
-        return build_result(self.name, data, output=_read_sink(sink), wall_s=run.wall_s,
+        return build_result(self.name, data, output=_read_sink(spark, sink), wall_s=run.wall_s,
                             settings=settings, late_dropped=run.dropped_by_watermark(),
                             batches=run.batches, batch_s=run.batch_s, notes=notes)

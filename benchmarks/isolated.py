@@ -7,6 +7,7 @@ has started or stopped sampling, so session start, warm-up and output check fall
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import pickle
@@ -79,13 +80,6 @@ def _result_from_dict(d: Mapping[str, Any]) -> EngineResult:
                            "rounds_records_per_s": tuple(d.get("rounds_records_per_s", ()))})
 
 
-def _tail(path: Path, n: int = _TAIL_LINES) -> list[str]:
-    try:
-        return path.read_text(errors="replace").splitlines()[-n:]
-    except OSError:
-        return []
-
-
 def _kill_group(proc: subprocess.Popen[str]) -> None:
     """End the child's process group (its JVM, workers and ZooKeeper too): TERM, then KILL after 10 s."""
     for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
@@ -98,10 +92,8 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
         except subprocess.TimeoutExpired:
             continue
         if sig == signal.SIGTERM:  # the leader is gone; its group may not be yet
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
         return
 
 
@@ -160,7 +152,8 @@ def run_isolated(spec: RunSpec, *, work_dir: Path, progress: ProgressFn | None =
     _kill_group(proc)  # what the child left running (its JVM ends on its own, a stuck one not)
     reader.join(timeout=5.0)
     if rc != 0 or not result_path.is_file() or sampler is None:
-        lines = "\n".join(["stderr:", *_tail(err_path), "stdout:", *out_tail])
+        err_tail = err_path.read_text(errors="replace").splitlines()[-_TAIL_LINES:]
+        lines = "\n".join(["stderr:", *err_tail, "stdout:", *out_tail])
         raise WorkloadError(f"engine {spec.engine}: its process {proc.pid} failed (exit {rc}); full stderr in "
                             f"{err_path}; its last lines:\n{lines}")
     got = json.loads(result_path.read_text())

@@ -29,8 +29,8 @@ from .latency_engines import (
     FileInput,
     LatencyBenchError,
     LatencyEngine,
-    RunningEngine,
     SparkEngine,
+    SparkRun,
     floor_query,
     spark_sql_query,
     spark_tws_query,
@@ -118,20 +118,15 @@ class LatencySettings:
             raise LatencyBenchError(f"--generator must be one of {Generator.MODES}, not {self.generator!r}")
 
 
-def _drained(schedule: Schedule, tails: Sequence[DeltaLogTail], kinds: Sequence[str], expected: int) -> bool:
-    """Whether the last stage's output accounts for ``expected`` input records."""
-    rows, kind = tails[-1].rows(), kinds[-1]
+def _drained(tail: DeltaLogTail, kind: str, expected: int) -> bool:
+    """Whether the last stage's output (``tail``) accounts for ``expected`` input records."""
+    rows = tail.rows()
     if rows is None:
         return False
     if kind == "records":
         return int(np.unique(rows.column("record_id").to_numpy()).size) >= expected
     counts = rows.group_by("key").aggregate([("count", "max")])
     return int(np.asarray(counts.column("count_max").to_numpy()).sum()) >= expected
-
-
-def _file_batch_array(schedule: Schedule, checkpoint: Path) -> np.ndarray:
-    by_name = file_batches(checkpoint)
-    return np.array([by_name.get(file_name(i), -1) for i in range(schedule.n_files)], np.int64)
 
 
 def _progress_line(name: str, elapsed: float, schedule: Schedule, log_renamed: np.ndarray, tail: DeltaLogTail,
@@ -165,7 +160,7 @@ def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: 
     gen.prime()
     t_start = time.time()
     try:
-        run: RunningEngine = ENGINES[name](st).start(source, spark=spark, work_dir=work, stages=st.stages)
+        run: SparkRun = ENGINES[name](st).start(source, spark=spark, work_dir=work, stages=st.stages)
     except BaseException:
         gen.stop()  # a child generator waits for its start
         raise
@@ -173,7 +168,6 @@ def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: 
     say(f"[{name}] started in {start_s:.1f} s; input: {schedule.n_files} files, {schedule.total:,} records over "
         f"{st.seconds:g} s")
     tails = [DeltaLogTail(o.table, o.normalize) for o in run.outputs]
-    kinds = [o.kind for o in run.outputs]
     watchers = [LogWatcher(o.table).start() for o in run.outputs] if st.watch_log else []
     error: str | None = None
     t0 = gen.start()
@@ -198,7 +192,7 @@ def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: 
             if not generating:
                 renamed = gen.read_log().renamed
                 expected = int(schedule.counts[~np.isnan(renamed)].sum())
-                if _drained(schedule, tails, kinds, expected):
+                if _drained(tails[-1], run.outputs[-1].kind, expected):
                     break
                 if now > gen_end + st.drain_timeout_s:
                     error = (f"not drained: the output did not hold every input record {st.drain_timeout_s:g} s "
@@ -231,7 +225,8 @@ def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: 
         rb = None
         if o.reads_input_files:
             if record_batch is None:
-                fb = _file_batch_array(schedule, o.checkpoint)
+                by_name = file_batches(o.checkpoint)
+                fb = np.array([by_name.get(file_name(f), -1) for f in range(schedule.n_files)], np.int64)
             else:
                 rb = record_batch(o.checkpoint)
         first_fb = fb if first_fb is None else first_fb
@@ -243,11 +238,10 @@ def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: 
             cks = check_key_counts(schedule, rows, file_batch=first_fb, renamed=log.renamed, record_batch=first_rb)
         checks += [{"stage": o.stage, **c.to_dict()} for c in cks]
         vt = version_times(tail.versions, st.commit_time)
-        commit, _ = record_times(schedule, rows, kind=o.kind, vtime=vt, file_batch=first_fb, record_batch=first_rb)
+        commit, batch = record_times(schedule, rows, kind=o.kind, vtime=vt, file_batch=first_fb,
+                                     record_batch=first_rb)
         if not o.reads_input_files:
             batch = np.full(schedule.total, -1)
-        else:
-            batch = first_fb[schedule.file_of] if first_rb is None else first_rb
         details = run.batch_details(o.stage)
         summary = summarize(schedule, log, t0=t0, warmup_s=st.warmup_s, commit=commit, batch=batch,
                             progress=run.progress(o.stage),
@@ -290,7 +284,6 @@ def _save_records(path: Path, schedule: Schedule, arrival: np.ndarray, commits: 
 def _machine(spark: Any) -> dict[str, Any]:
     from .throughput import _machine_info
 
-    info = _machine_info(str(spark.version))
     repo = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -299,9 +292,7 @@ def _machine(spark: Any) -> dict[str, Any]:
                                     text=True, check=True).stdout.strip())
     except (OSError, subprocess.CalledProcessError):
         head, dirty = None, None
-    info["commit"] = head
-    info["commit_dirty"] = dirty
-    return info
+    return {**_machine_info(str(spark.version)), "commit": head, "commit_dirty": dirty}
 
 
 def _run_engines(st: LatencySettings, *, session: Any, out: Path, say: Say) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -29,7 +29,11 @@ class RunningCount(Computation):
         """Count the record into its key's state and produce the new count."""
         n = (ctx.state or 0) + 1
         ctx.state = n
-        ctx.produce("counts", n)
+        ctx.produce("counts", self.production(record, n))
+
+    def production(self, record: Any, n: int) -> Any:
+        """What the record produces: its key's new count."""
+        return n
 
 
 class PassOn(Computation):
@@ -56,11 +60,9 @@ class PassOnAgain(PassOn):
 class KafkaRunningCount(RunningCount):
     """:class:`RunningCount` over Kafka: productions ``{"r": the benchmark's record id, "n": count}``."""
 
-    def process_record(self, ctx: Any, record: Any) -> None:
-        """Count the record into its key's state and produce its id and the new count."""
-        n = (ctx.state or 0) + 1
-        ctx.state = n
-        ctx.produce("counts", {"r": int(record.value["record_id"]), "n": n})
+    def production(self, record: Any, n: int) -> Any:
+        """The record's id and its key's new count."""
+        return {"r": int(record.value["record_id"]), "n": n}
 
 
 STAGES: tuple[type[Computation], ...] = (RunningCount, PassOn, PassOnAgain)

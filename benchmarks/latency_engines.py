@@ -15,7 +15,7 @@ from deltawheel.statestore.exceptions import ConfigError
 
 from .latency_kafka import KafkaInput
 
-__all__ = ["LatencyBenchError", "INPUT_DDL", "FileInput", "StageOutput", "RunningEngine", "LatencyEngine", "SparkRun",
+__all__ = ["LatencyBenchError", "INPUT_DDL", "FileInput", "StageOutput", "LatencyEngine", "SparkRun",
            "SparkEngine", "floor_query", "spark_sql_query", "spark_tws_query", "records_from_spark", "key_number"]
 
 INPUT_DDL = "record_id string, key string, event_time timestamp"
@@ -49,35 +49,13 @@ class StageOutput:
     reads_input_files: bool = True  # False: a later stage, reading its upstream's table (no file log)
 
 
-class RunningEngine(Protocol):
-    """A started engine."""
-
-    outputs: tuple[StageOutput, ...]
-    settings: dict[str, Any]
-
-    def poll(self) -> None:
-        """Collect the progress reports Spark has made since the last call."""
-
-    def progress(self, stage: int) -> list[dict[str, Any]]:
-        """The executed micro-batches' progress reports (plain dicts) of ``stage``'s query."""
-
-    def batch_details(self, stage: int) -> dict[int, dict[str, Any]]:
-        """The engine's own figures per batch id (e.g. deltawheel's batch reports); may be empty."""
-
-    def error(self) -> str | None:
-        """The query's failure, or None while it runs."""
-
-    def stop(self) -> None:
-        """Stop the queries and release what the engine holds."""
-
-
 class LatencyEngine(Protocol):
     """What ``bench latency`` runs."""
 
     name: str
     stages: tuple[int, ...]
 
-    def start(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path, stages: int = 1) -> RunningEngine:
+    def start(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
         """Start the engine's queries on ``source``, keeping everything under ``work_dir``."""
         ...
 
@@ -110,7 +88,7 @@ def progress_dicts(query: Any) -> list[dict[str, Any]]:
 
 
 class SparkRun:
-    """One or more started Spark queries (one per stage) and their progress reports."""
+    """A started engine: its queries (one per stage), the tables they write and their progress reports."""
 
     def __init__(self, queries: list[Any], outputs: tuple[StageOutput, ...], settings: Mapping[str, Any]) -> None:
         self.queries = queries
@@ -130,7 +108,7 @@ class SparkRun:
         return [p for _b, p in sorted(self._progress[stage - 1].items())]
 
     def batch_details(self, stage: int) -> dict[int, dict[str, Any]]:
-        """Spark's engines have no figures of their own beyond the progress reports."""
+        """The engine's own figures per batch id (Spark's engines: none beyond the progress reports)."""
         return {}
 
     def error(self) -> str | None:
@@ -271,9 +249,6 @@ def _make_processor() -> Any:
                                     "count": np.arange(n + 1, n + m + 1, dtype=np.int64)})
                 n += m
             self._count.update((n,))
-
-        def close(self) -> None:
-            pass
 
     return RunningCountProcessor()
 

@@ -131,18 +131,14 @@ def prime(schedule: Schedule, *, folder: Path, staging: Path, log: Path) -> floa
 def run_schedule(schedule: Schedule, *, folder: Path, staging: Path, t0: float, log: Path,
                  stop: threading.Event | None = None) -> None:
     """Rename files 1.. into ``folder`` when due, logging ``{"file", "due", "renamed"}``; ``stop`` ends it."""
+    stop = stop or threading.Event()
     with log.open("a") as f:
         for k in range(1, schedule.n_files):
             due = t0 + float(schedule.offsets_s[k])
             write_file(schedule, k, staging / file_name(k), event_time_ms=int(round(due * 1000)))
-            while True:
-                left = due - time.time()
-                if left <= 0:
-                    break
-                if stop is not None and stop.wait(min(left, 0.05)):
+            while (left := due - time.time()) > 0:
+                if stop.wait(min(left, 0.05)):
                     return
-                if stop is None:
-                    time.sleep(min(left, 0.05))
             t = _rename(schedule, k, staging=staging, folder=folder, event_time_ms=int(round(due * 1000)))
             f.write(json.dumps({"file": k, "due": due, "renamed": t}) + "\n")
             f.flush()

@@ -21,15 +21,11 @@ Normalize = Callable[[pa.Table], pa.Table]
 
 @dataclass(frozen=True, kw_only=True)
 class VersionInfo:
-    """One version of an output table: its times (seconds since the epoch), operation and rows."""
+    """One version of an output table: its times (seconds since the epoch)."""
 
     version: int
     commit_info_s: float | None  # commitInfo.timestamp
     mtime_s: float  # the <v>.json file's modification time
-    operation: str
-    added_files: int
-    rows: int
-    txns: tuple[tuple[str, int], ...]  # (appId, version) of the commit's SetTransaction actions
 
 
 def _data_path(table: Path, path: str) -> Path:
@@ -61,15 +57,10 @@ class DeltaLogTail:
                 text = f.read_text()
             except FileNotFoundError:
                 break
-            info, paths = self._parse(self._next, text, mtime)
+            self.versions[self._next], paths = self._parse(self._next, text, mtime)
             tables = [self.normalize(pq.read_table(_data_path(self.table, p))) for p in paths]
-            tables = [t for t in tables if t.num_rows]
-            rows = sum(t.num_rows for t in tables)
-            self.versions[self._next] = VersionInfo(
-                version=info.version, commit_info_s=info.commit_info_s, mtime_s=info.mtime_s,
-                operation=info.operation, added_files=info.added_files, rows=rows, txns=info.txns)
-            for t in tables:
-                new.append(t.append_column("version", pa.array([self._next] * t.num_rows, pa.int64())))
+            new += [t.append_column("version", pa.array([self._next] * t.num_rows, pa.int64()))
+                    for t in tables if t.num_rows]
             self._next += 1
         if not new:
             return None
@@ -80,9 +71,7 @@ class DeltaLogTail:
     @staticmethod
     def _parse(version: int, text: str, mtime: float) -> tuple[VersionInfo, list[str]]:
         commit_s: float | None = None
-        operation = ""
         paths: list[str] = []
-        txns: list[tuple[str, int]] = []
         for line in text.splitlines():
             if not line.strip():
                 continue
@@ -91,13 +80,9 @@ class DeltaLogTail:
                 ci = action["commitInfo"]
                 ts = ci.get("inCommitTimestamp", ci.get("timestamp"))
                 commit_s = None if ts is None else ts / 1000
-                operation = str(ci.get("operation", ""))
             elif "add" in action and action["add"].get("dataChange", True):
                 paths.append(action["add"]["path"])
-            elif "txn" in action:
-                txns.append((str(action["txn"]["appId"]), int(action["txn"]["version"])))
-        return VersionInfo(version=version, commit_info_s=commit_s, mtime_s=mtime, operation=operation,
-                           added_files=len(paths), rows=0, txns=tuple(txns)), paths
+        return VersionInfo(version=version, commit_info_s=commit_s, mtime_s=mtime), paths
 
     def rows(self) -> pa.Table | None:
         """Every row read so far, with its ``version`` (None before the first data)."""
@@ -147,22 +132,12 @@ class LogWatcher:
         return dict(self.seen)
 
 
-def file_batches(checkpoint: Path, source: int = 0) -> dict[str, int]:
+def file_batches(checkpoint: Path) -> dict[str, int]:
     """Input file name -> the micro-batch that read it (a file listed twice keeps its first batch)."""
-    d = Path(checkpoint) / "sources" / str(source)
+    from deltawheel.executor.protocol.querylog import source_log_files
+
     out: dict[str, int] = {}
-    if not d.is_dir():
-        return out
-    names = [n for n in os.listdir(d) if not n.startswith(".") and n.split(".")[0].isdigit()]
-    for n in sorted(names, key=lambda s: int(s.split(".")[0])):
-        try:
-            lines = (d / n).read_text().splitlines()
-        except FileNotFoundError:  # compacted away meanwhile
-            continue
-        for line in lines[1:]:  # the first line is the log's version ("v1")
-            if not line.strip():
-                continue
-            e = json.loads(line)
-            name = unquote(str(e["path"]).rsplit("/", 1)[-1])
-            out.setdefault(name, int(e["batchId"]))
+    for batch, names in sorted(source_log_files(str(checkpoint), committed_only=False).items()):
+        for name in names:
+            out.setdefault(name, batch)
     return out

@@ -99,16 +99,12 @@ def check_key_counts(schedule: Schedule, rows: pa.Table | None, *, file_batch: n
                         f"{unread} of {int(wanted.sum())} input records read by no batch")]
         rec_batch = record_batch
     keep = (rec_batch >= 0) & expected_files[schedule.file_of]
-    want: dict[tuple[int, int], int] = {}
     pairs, n = np.unique(np.stack([rec_batch[keep], schedule.key_ids[keep]]), axis=1, return_counts=True)
-    for b, k, c in zip(pairs[0].tolist(), pairs[1].tolist(), n.tolist(), strict=True):
-        want[(b, k)] = c
-    if rows is None or rows.num_rows == 0:
-        got_n = 0
-        dup = 0
-        got: dict[tuple[int, int], int] = {}
-        final: dict[int, int] = {}
-    else:
+    want = dict(zip(zip(pairs[0].tolist(), pairs[1].tolist(), strict=True), n.tolist(), strict=True))
+    got: dict[tuple[int, int], int] = {}
+    final: dict[int, int] = {}
+    got_n = dup = 0
+    if rows is not None and rows.num_rows:
         b, k, c = (_col(rows, x).astype(np.int64) for x in ("batch_id", "key", "count"))
         order = np.lexsort((b, k))
         b, k, c = b[order], k[order], c[order]
@@ -116,7 +112,6 @@ def check_key_counts(schedule: Schedule, rows: pa.Table | None, *, file_batch: n
         dup = int(same.sum())
         prev = np.r_[0, c[:-1]]
         prev[np.r_[True, np.diff(k) != 0]] = 0
-        got = {}
         for bb, kk, inc in zip(b.tolist(), k.tolist(), (c - prev).tolist(), strict=True):
             got[(bb, kk)] = got.get((bb, kk), 0) + inc
         last = np.r_[np.flatnonzero(np.diff(k)), k.size - 1]
@@ -136,15 +131,12 @@ def check_key_counts(schedule: Schedule, rows: pa.Table | None, *, file_batch: n
 
 
 def version_times(versions: Mapping[int, Any], source: str) -> dict[int, float]:
-    """version -> commit time by ``source``: ``mtime`` (the ``<v>.json`` file's) or ``commit_info``
-    (``commitInfo.timestamp``; the mtime where missing)."""
+    """version -> commit time: its ``<v>.json`` mtime, or (``commit_info``) commitInfo.timestamp if set."""
     if source not in COMMIT_TIME_SOURCES:
         raise ValueError(f"commit time source must be one of {COMMIT_TIME_SOURCES}, not {source!r}")
-    out = {}
-    for v, info in versions.items():
-        t = info.commit_info_s if source == "commit_info" and info.commit_info_s is not None else info.mtime_s
-        out[v] = float(t)
-    return out
+    ci = source == "commit_info"
+    return {v: float(i.commit_info_s if ci and i.commit_info_s is not None else i.mtime_s)
+            for v, i in versions.items()}
 
 
 def record_times(schedule: Schedule, rows: pa.Table | None, *, kind: str, vtime: Mapping[int, float],
@@ -307,22 +299,16 @@ def engine_extras(schedule: Schedule, log: InputLog, *, t0: float, warmup_s: flo
 
 def ratios(engines: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float | None]]:
     """``a/b`` -> the ratio of a's p50, p99 and max latency to b's, for every pair of engines."""
-    out: dict[str, dict[str, float | None]] = {}
-    for a, ra in engines.items():
-        for b, rb in engines.items():
-            if a == b:
-                continue
-            r: dict[str, float | None] = {}
-            for q in ("p50", "p99", "max"):
-                x, y = ra["latency_s"].get(q), rb["latency_s"].get(q)
-                r[q] = round(x / y, 3) if x is not None and y else None
-            out[f"{a}/{b}"] = r
-    return out
+    def ratio(x: float | None, y: float | None) -> float | None:
+        return round(x / y, 3) if x is not None and y else None
+
+    return {f"{a}/{b}": {q: ratio(ra["latency_s"].get(q), rb["latency_s"].get(q))
+                         for q in ("p50", "p99", "max")}
+            for a, ra in engines.items() for b, rb in engines.items() if a != b}
 
 
 def stage_lines(stages: list[Mapping[str, Any]]) -> list[str]:
-    """For several stages, a line per stage: its latency from arrival, what it added to the stage
-    before it and its low watermark's lag."""
+    """With several stages, a line per stage: its latency, what it added and its low watermark's lag."""
     if len(stages) < 2:
         return []
     out = []

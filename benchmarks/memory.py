@@ -5,6 +5,7 @@ over a process tree every ``interval_s`` and keeps the sample with the highest s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import threading
@@ -46,11 +47,8 @@ def process_role(cmdline: list[str], *, is_root: bool = False, parent_role: str 
         return "driver_python"
     prog = os.path.basename(cmdline[0]) if cmdline else ""
     joined = " ".join(cmdline)
-    if prog == "java" or prog.startswith("java"):
-        for needle, role in _JVM_ROLES:
-            if needle in joined:
-                return role
-        return "other_jvm"
+    if prog.startswith("java"):
+        return next((role for needle, role in _JVM_ROLES if needle in joined), "other_jvm")
     if "python" in prog:
         if parent_role in ("python_daemon", "python_worker"):
             return "python_worker"
@@ -122,15 +120,13 @@ class MemoryPeak:
                          "new": self.is_new(p), "cpu_s_in_run": self.cpu_in_run(p)}
                         for p in sorted(self.at_peak, key=lambda p: -p.pss_bytes)]
         d["at_peak_new_pss_mib"] = round(sum(p.pss_bytes for p in self.at_peak if self.is_new(p)) / _MIB, 1)
-        del d["preexisting"], d["cpu_first"]
         d["at_peak_idle_pss_mib"] = round(sum(p.pss_bytes for p in self.at_peak if self.is_idle(p)) / _MIB, 1)
         d["at_peak_by_role_pss_mib"] = {r: round(b / _MIB, 1) for r, b in self.by_role().items()}
         d["role_peaks_pss_mib"] = {r: round(b / _MIB, 1) for r, b in
                                    sorted(self.role_peaks_bytes, key=lambda rb: -rb[1])}
-        del d["role_peaks_bytes"]
         d["cpu_s"] = round(sum(c for _, c in self.cpu_by_role), 2)
         d["cpu_s_by_role"] = {r: round(c, 2) for r, c in sorted(self.cpu_by_role, key=lambda rc: -rc[1])}
-        del d["cpu_by_role"]
+        del d["preexisting"], d["cpu_first"], d["role_peaks_bytes"], d["cpu_by_role"]
         return d
 
 
@@ -178,8 +174,6 @@ def tree_processes(root: psutil.Process | None = None, *,
             r = int(info.rss)
             pss, uss = int(getattr(info, "pss", r)), int(getattr(info, "uss", r))
             cpu = p.cpu_times()
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
         except psutil.AccessDenied:
             try:
                 r = pss = uss = int(p.memory_info().rss)
@@ -195,13 +189,10 @@ def tree_processes(root: psutil.Process | None = None, *,
 
 def _vm_hwm_bytes(pid: int) -> int:
     """``VmHWM`` of process ``pid``, 0 if unreadable."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return 0
 
 

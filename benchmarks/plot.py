@@ -31,8 +31,7 @@ def figure(path: Path, *, dpi: int = 120, **subplots: Any) -> Iterator[tuple[Any
 
 
 def plot_throughput(report: Mapping[str, Any], path: Path, *, log_scale: bool | None = None) -> Path:
-    """Bar chart of records/s per engine (the report of :func:`.throughput.run_throughput`), each bar
-    annotated with its ratio to the slowest; log scale beyond 20x, incorrect engines hatched."""
+    """Records/s per engine, with ratios to the slowest; log scale beyond 20x, wrong ones hatched."""
     engines = report["engines"]
     names = list(engines)
     rates = [float(engines[n]["records_per_s"]) for n in names]
@@ -60,9 +59,7 @@ def _throughput_bars(ax: Any, report: Mapping[str, Any], names: list[str], rates
                     fontsize=9, xytext=(0, 2), textcoords="offset points")
     if log_scale:
         ax.set_yscale("log")
-        ax.set_ylim(top=max(rates) * 6)
-    else:
-        ax.set_ylim(top=max(rates) * 1.25)
+    ax.set_ylim(top=max(rates) * (6 if log_scale else 1.25))
     ax.set_ylabel("records / s" + (" (log)" if log_scale else ""))
     machine = report.get("machine", {})
     ax.set_title(f"zeitgeist-window-count, size {report.get('size')} (N={report.get('n'):,}), "
@@ -77,8 +74,7 @@ def scheduled_points(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, A
 
 
 def plot_latency(report: Mapping[str, Any], path: Path) -> Path:
-    """Two panels: each engine's steady-state latency CDF (log scale; earlier stages dashed), and per
-    second of arrival the median and maximum latency. Returns ``path``."""
+    """Each engine's steady-state latency CDF (earlier stages dashed) and per second its median and max."""
     with figure(path, nrows=1, ncols=2, figsize=(12, 4.8)) as (fig, (cdf, over)):
         st = report.get("settings", {})
         for i, (name, e) in enumerate(report["engines"].items()):

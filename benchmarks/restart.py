@@ -17,6 +17,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from .args import pick_names
+
 __all__ = ["run_from_args", "measure"]
 
 JOB = "deltawheel.benchmarks.restart_job"
@@ -101,13 +103,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    bad = sorted(set(cases) - set(CASES))
-    if bad or not cases:
-        from deltawheel.statestore.exceptions import ConfigError
-
-        raise ConfigError(f"bench restart: unknown case {', '.join(map(repr, bad)) or '(none)'}; the cases are "
-                          f"{', '.join(CASES)}")
+    cases = pick_names(args.cases, tuple(CASES), "case", "restart")
     zk = EmbeddedZooKeeper(out / f"_zk-{uuid.uuid4().hex[:6]}", port=free_ports(1)[0])
     zk.start()
     result: dict[str, Any] = {"files": args.files, "kill_after_batches": args.kill_after,

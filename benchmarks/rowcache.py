@@ -32,16 +32,14 @@ class CacheStats:
     evictions: int = 0
 
 
+@dataclass(slots=True)
 class _Entry:
-    __slots__ = ("row", "next_ev", "next_proc", "last", "gap", "seq")
-
-    def __init__(self, row: Any, next_ev: int | None, next_proc: int | None, last: int, seq: int) -> None:
-        self.row = row
-        self.next_ev = next_ev
-        self.next_proc = next_proc
-        self.last = last  # batch of the last access
-        self.gap: float | None = None  # mean batches between accesses (None: accessed once)
-        self.seq = seq  # global access order (LRU, ties)
+    row: Any
+    next_ev: int | None
+    next_proc: int | None
+    last: int  # batch of the last access
+    seq: int  # global access order (LRU, ties)
+    gap: float | None = None  # mean batches between accesses (None: accessed once)
 
 
 class RowCache:

@@ -54,12 +54,8 @@ def _machine_info(spark_version: str) -> dict[str, Any]:
 
 
 def _ratios(results: Mapping[str, EngineResult]) -> dict[str, float]:
-    out = {}
-    for a, ra in results.items():
-        for b, rb in results.items():
-            if a != b and rb.records_per_s > 0:
-                out[f"{a}/{b}"] = round(ra.records_per_s / rb.records_per_s, 3)
-    return out
+    return {f"{a}/{b}": round(ra.records_per_s / rb.records_per_s, 3)
+            for a, ra in results.items() for b, rb in results.items() if a != b and rb.records_per_s > 0}
 
 
 def format_table(report: Mapping[str, Any]) -> str:
@@ -249,12 +245,8 @@ def run_throughput(size: str, *, out_dir: Path, engines: Sequence[str] | None = 
                                       rounds_records_per_s=tuple(r.records_per_s for r, _ in rs)), med[1])
 
     report: dict[str, Any] = {
-        "workload": "zeitgeist-window-count",
-        "size": size,
-        "n": data.n,
-        "n_files": len(data.files),
-        "params": dataclasses.asdict(data.params),
-        "content_sha256": data.content_sha256,
+        "workload": "zeitgeist-window-count", "size": size, "n": data.n, "n_files": len(data.files),
+        "params": dataclasses.asdict(data.params), "content_sha256": data.content_sha256,
         "content_verified_against_workload_md": data.verified,
         "reference": {"emitted_rows": ref.emitted_rows, "sum_counts": ref.sum_counts,
                       "late_dropped": ref.late_dropped, "open_events_at_end": ref.open_events,
@@ -270,11 +262,9 @@ def run_throughput(size: str, *, out_dir: Path, engines: Sequence[str] | None = 
                          "correct": r.correct, "pss_mib": (r.peak_memory or {}).get("pss_mib"),
                          "cpu_s": (r.peak_memory or {}).get("cpu_s")}
                         for n, rs in runs.items() for r, info in rs), key=lambda d: int(d["run"])),
-        "warmup": dataclasses.asdict(WARMUP) if warmup else None,
-        "rounds": rounds,
-        "store_uri": store_uri,
+        "warmup": dataclasses.asdict(WARMUP) if warmup else None, "rounds": rounds, "store_uri": store_uri,
+        "process_wall_s": round(time.time() - t_proc0, 3),
     }
-    report["process_wall_s"] = round(time.time() - t_proc0, 3)
     (out_dir / "throughput.json").write_text(json.dumps(report, indent=1, default=str))
     plot_throughput(report, out_dir / "throughput.png")
     say(format_table(report))
@@ -303,10 +293,7 @@ def parse_conf(items: Sequence[str]) -> dict[str, str]:
 
 def run_from_args(args: argparse.Namespace) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()] if args.engines else None
-    report = run_throughput(args.size, out_dir=Path(args.out), engines=engines,
-                            data_root=Path(args.data_root) if args.data_root else None,
-                            warmup=bool(getattr(args, "warmup", False)), rounds=int(getattr(args, "rounds", 1)),
-                            store_uri=getattr(args, "store_uri", None),
-                            isolate=not bool(getattr(args, "shared_session", False)),
-                            conf=parse_conf(getattr(args, "conf", None) or []))
+    report = run_throughput(args.size, out_dir=args.out, engines=engines, data_root=args.data_root,
+                            warmup=args.warmup, rounds=args.rounds, store_uri=args.store_uri,
+                            isolate=not args.shared_session, conf=parse_conf(args.conf or []))
     return 0 if all(e["correct"] for e in report["engines"].values()) else 1

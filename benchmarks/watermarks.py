@@ -32,8 +32,7 @@ def _file_max_ms(path: Path) -> int:
     return int(pc.max(col).as_py())
 
 
-def _run_one(spark: Any, data: WorkloadData, percentile: float | None, out_dir: Path,
-             say: Callable[[str], None]) -> dict[str, Any]:
+def _run_one(spark: Any, data: WorkloadData, percentile: float | None, out_dir: Path) -> dict[str, Any]:
     with pipeline_runner(spark, data, window_count(), out_dir, pipeline="wmbench", watermark_percentile=percentile,
                          progress=lambda _s: None) as (layout, runner):
         t0 = time.monotonic()
@@ -52,10 +51,9 @@ def _run_one(spark: Any, data: WorkloadData, percentile: float | None, out_dir: 
             m = _file_max_ms(files[i])
             newest = m if newest is None else max(newest, m)
     late = sum(r.late + r.late_routed for r in reports)
-    res = {"batches": len(reports), "late": late, "late_share": late / data.n, "rows": rows,
-           "lag_mean_s": round(sum(lags) / len(lags) / 1000, 3) if lags else None,
-           "lag_max_s": round(max(lags) / 1000, 3) if lags else None, "wall_s": round(wall, 2)}
-    return res
+    return {"batches": len(reports), "late": late, "late_share": late / data.n, "rows": rows,
+            "lag_mean_s": round(sum(lags) / len(lags) / 1000, 3) if lags else None,
+            "lag_max_s": round(max(lags) / 1000, 3) if lags else None, "wall_s": round(wall, 2)}
 
 
 def run_watermarks(size: str, *, out_dir: Path, data_root: Path | None = None,
@@ -72,8 +70,8 @@ def run_watermarks(size: str, *, out_dir: Path, data_root: Path | None = None,
     results: dict[str, Any] = {}
     for i, (name, percentile) in enumerate(estimates):
         say(f"estimate {name} ({i + 1} of {len(estimates)}): running")
-        results[name] = {"percentile": percentile, **_run_one(spark, data, percentile, out_dir / "runs" / name, say)}
-        r = results[name]
+        got = _run_one(spark, data, percentile, out_dir / "runs" / name)
+        r = results[name] = {"percentile": percentile, **got}
         say(f"estimate {name}: lag mean {r['lag_mean_s']} s, max {r['lag_max_s']} s; late {r['late']:,} "
             f"({100 * r['late_share']:.3f} %); {r['rows']:,} rows; {r['wall_s']} s")
     report = {"size": size, "n": data.n, "bound_ms": BOUND_MS, "estimates": results}
@@ -85,12 +83,10 @@ def run_watermarks(size: str, *, out_dir: Path, data_root: Path | None = None,
 
 def format_table(report: dict[str, Any]) -> str:
     """The figures as a Markdown table."""
-    lines = ["| estimate | watermark lag mean / max (s) | late records | late share | rows emitted |",
-             "|---|---|---|---|---|"]
-    for name, r in report["estimates"].items():
-        lines.append(f"| {name} | {r['lag_mean_s']} / {r['lag_max_s']} | {r['late']:,} | "
-                     f"{100 * r['late_share']:.3f} % | {r['rows']:,} |")
-    return "\n".join(lines)
+    rows = [f"| {name} | {r['lag_mean_s']} / {r['lag_max_s']} | {r['late']:,} | "
+            f"{100 * r['late_share']:.3f} % | {r['rows']:,} |" for name, r in report["estimates"].items()]
+    head = "| estimate | watermark lag mean / max (s) | late records | late share | rows emitted |"
+    return "\n".join([head, "|---|---|---|---|---|", *rows])
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -102,6 +98,5 @@ def run_from_args(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(f"--percentiles takes comma-separated numbers in (0, 1), got {args.percentiles!r}") from exc
     estimates = [("bound", None), ("exact", 0.0)] + [(f"p={100 * p:g}%", p) for p in shares]
-    run_watermarks(args.size, out_dir=Path(args.out), data_root=Path(args.data_root) if args.data_root else None,
-                   estimates=estimates)
+    run_watermarks(args.size, out_dir=args.out, data_root=args.data_root, estimates=estimates)
     return 0

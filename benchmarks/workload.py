@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
@@ -118,7 +118,6 @@ class WorkloadData:
     files: tuple[Path, ...]
     content_sha256: str
     verified: bool  # digest matched a WORKLOAD.md constant
-    manifest: Mapping[str, Any] = field(repr=False, compare=False)
 
     @property
     def input_dir(self) -> Path:
@@ -166,24 +165,15 @@ def find_generator() -> Path:
     Raises:
         WorkloadError: neither ``$DELTAWHEEL_WORKLOAD_DIR`` nor ``<repo>/../shared/workload`` has it.
     """
-    candidates = []
     env = os.environ.get("DELTAWHEEL_WORKLOAD_DIR")
-    if env:
-        candidates.append(Path(env) / "gen.py")
-    candidates.append(_repo_root().parent / "shared" / "workload" / "gen.py")
-    for c in candidates:
-        if c.is_file():
-            return c
-    raise WorkloadError(
-        "reference workload generator gen.py not found (looked at "
-        + ", ".join(str(c) for c in candidates)
-        + "); set DELTAWHEEL_WORKLOAD_DIR to the folder holding WORKLOAD.md's gen.py"
-    )
-
-
-def _manifest_params(manifest: Mapping[str, Any]) -> WorkloadParams:
-    p = manifest["params"]
-    return WorkloadParams(n=p["n"], b=p["b"], k=p["k"], rate=p["rate_per_s"], seed=p["seed"])
+    shared = _repo_root().parent / "shared" / "workload" / "gen.py"
+    candidates = [*([Path(env) / "gen.py"] if env else []), shared]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        looked = ", ".join(str(c) for c in candidates)
+        raise WorkloadError(f"reference workload generator gen.py not found (looked at {looked}); set "
+                            "DELTAWHEEL_WORKLOAD_DIR to the folder holding WORKLOAD.md's gen.py")
+    return found
 
 
 def _generate(gen: Path, params: WorkloadParams, out: Path) -> None:
@@ -221,16 +211,13 @@ def ensure_workload(size: str, *, root: Path | None = None, params: WorkloadPara
         WorkloadError: unknown size, generator missing or failing, or digest mismatch.
     """
     root = Path(root) if root is not None else default_data_root()
-    if params is None:
-        if size not in SIZES:
-            raise WorkloadError(f"unknown workload size {size!r}: use one of {sorted(SIZES)} or pass params=")
-        params = SIZES[size]
-        data_dir = root / f"DATA_{size}"
-    else:
-        if size in SIZES and params != SIZES[size]:
-            raise WorkloadError(f"size {size!r} is a named size with fixed parameters; use another name")
-        data_dir = root / (f"DATA_{size}" if size in SIZES else f"DATA_{size}-{params.dirname()}")
     named = size in SIZES
+    if params is None and not named:
+        raise WorkloadError(f"unknown workload size {size!r}: use one of {sorted(SIZES)} or pass params=")
+    if params is not None and named and params != SIZES[size]:
+        raise WorkloadError(f"size {size!r} is a named size with fixed parameters; use another name")
+    params = params or SIZES[size]
+    data_dir = root / (f"DATA_{size}" if named else f"DATA_{size}-{params.dirname()}")
     manifest_path = data_dir / "manifest.json"
 
     def load() -> Mapping[str, Any] | None:
@@ -238,7 +225,9 @@ def ensure_workload(size: str, *, root: Path | None = None, params: WorkloadPara
             return None
         m = json.loads(manifest_path.read_text())
         files_ok = all((data_dir / "input" / f["file"]).is_file() for f in m.get("files", []))
-        return m if files_ok and _manifest_params(m) == params else None
+        p = m["params"]
+        got = WorkloadParams(n=p["n"], b=p["b"], k=p["k"], rate=p["rate_per_s"], seed=p["seed"])
+        return m if files_ok and got == params else None
 
     manifest = load()
     if manifest is None:
@@ -248,25 +237,16 @@ def ensure_workload(size: str, *, root: Path | None = None, params: WorkloadPara
             raise WorkloadError(f"gen.py ran but {manifest_path} is missing or does not match {params}")
     files = tuple(data_dir / "input" / f["file"] for f in manifest["files"])
     digest = str(manifest["content_sha256"])
-    if verify_content:
-        actual = content_digest(files)
-        if actual != digest:
-            raise WorkloadError(
-                f"{data_dir}: the Parquet files do not match their manifest (content_sha256 {actual} vs "
-                f"{digest}); delete the folder to regenerate it"
-            )
-    verified = False
-    if named:
-        want = EXPECTED_SHA256[size]
-        if digest != want:
-            raise WorkloadError(
-                f"{data_dir}: content_sha256 {digest} differs from WORKLOAD.md's {want} for size {size!r}; "
-                "the generator or its numpy/pyarrow versions changed. Delete the folder and regenerate "
-                "with the reference gen.py"
-            )
-        verified = True
-    return WorkloadData(size=size, params=params, data_dir=data_dir, files=files,
-                        content_sha256=digest, verified=verified, manifest=manifest)
+    if verify_content and (actual := content_digest(files)) != digest:
+        raise WorkloadError(f"{data_dir}: the Parquet files do not match their manifest (content_sha256 "
+                            f"{actual} vs {digest}); delete the folder to regenerate it")
+    if named and digest != EXPECTED_SHA256[size]:
+        raise WorkloadError(
+            f"{data_dir}: content_sha256 {digest} differs from WORKLOAD.md's {EXPECTED_SHA256[size]} for "
+            f"size {size!r}; the generator or its numpy/pyarrow versions changed. Delete the folder and "
+            "regenerate with the reference gen.py")
+    return WorkloadData(size=size, params=params, data_dir=data_dir, files=files, content_sha256=digest,
+                        verified=named)
 
 
 def compute_reference(files: tuple[Path, ...] | list[Path]) -> Reference:

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Hashable
 
 from deltawheel.statestore.exceptions import ConfigError
@@ -14,7 +15,7 @@ from deltawheel.statestore.writepath.image.files import read_rows_file
 from .spec import ImageSpec
 
 __all__ = ["ImageCache", "DEFAULT_MAX_BYTES", "MAX_BYTES_ENV", "TRACE_ENV", "image_facts", "max_bytes_from_env",
-           "trace", "traced_folder", "load_image", "keep_image", "holds"]
+           "trace", "load_image", "keep_image", "holds"]
 
 DEFAULT_MAX_BYTES = 2 * 2**30  # per Python worker, unless DELTAWHEEL_IMAGE_CACHE_BYTES says otherwise
 MAX_BYTES_ENV = "DELTAWHEEL_IMAGE_CACHE_BYTES"
@@ -34,17 +35,14 @@ def image_facts(table: Any) -> int | None:
     return None if got is None else int(got)
 
 
+@dataclass(slots=True)
 class _Entry:
-    __slots__ = ("value", "nbytes", "next_ev", "last", "group", "slot")
-
-    def __init__(self, value: Any, nbytes: int, next_ev: int | None, last: int, group: Hashable,
-                 slot: Hashable | None) -> None:
-        self.value = value
-        self.nbytes = nbytes
-        self.next_ev = next_ev
-        self.last = last
-        self.group = group
-        self.slot = slot
+    value: Any
+    nbytes: int
+    next_ev: int | None
+    last: int
+    group: Hashable
+    slot: Hashable | None
 
 
 class ImageCache:
@@ -189,11 +187,6 @@ def max_bytes_from_env() -> int:
     return got
 
 
-def traced_folder() -> str | None:
-    """The folder ``DELTAWHEEL_IMAGE_CACHE_TRACE`` names (None: no trace), read once per worker."""
-    return os.environ.get(TRACE_ENV) or None
-
-
 def trace(event: dict[str, Any], *, traced: str | None) -> None:
     """Append one event to this worker's trace file in ``traced`` (None: nothing)."""
     if traced is None:
@@ -205,7 +198,7 @@ def trace(event: dict[str, Any], *, traced: str | None) -> None:
 
 # the worker's images, bounded by bytes and evicted window-aware
 _IMAGES = ImageCache(max_bytes_from_env())
-_TRACED = traced_folder()  # DELTAWHEEL_IMAGE_CACHE_TRACE: record the lookups (``deltawheel bench cache --trace``)
+_TRACED = os.environ.get(TRACE_ENV) or None  # record the lookups (``deltawheel bench cache --trace``)
 
 
 def holds(spec: ImageSpec, iv: int) -> bool:

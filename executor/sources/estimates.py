@@ -40,7 +40,6 @@ class PendingPercentile:
         self._times: dict[tuple[str, int, int], Any] = {}  # (name, size, mtime) -> sorted event times (ms)
         self._last: int | None = None
         self.finished = False
-        self.pending_files = 0
 
     def observe(self, stats: Any, *, query: str = "") -> None:
         """A batch was consumed by ``query``; ``stats.sources``: every file that query has read."""
@@ -80,7 +79,6 @@ class PendingPercentile:
         if self.finished:
             return int(END_OF_TIME)
         pend = self.pending()
-        self.pending_files = len(pend)
         est: int | None
         if pend:
             times = np.concatenate([self._event_times(*f) for f in pend])

@@ -180,5 +180,5 @@ class _MaxSeenInjector:
         self._estimate.finish()
 
     def watermark_ms(self) -> int | None:
-        """Max event time seen minus ``watermark_delay_ms``; ``None`` before the first batch."""
+        """The estimate (epoch ms; the class docstring says which); ``None`` while unknown."""
         return self._estimate.watermark_ms()

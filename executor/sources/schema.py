@@ -87,12 +87,19 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
     )
 
 
-def record_id_of(column: str) -> Any:
+def record_id_of(column: str, *, producer: str, columns: Sequence[str]) -> Any:
     """The record id from a source's ``record_id_column``, as a STRING column.
 
-    A null or empty id stays null (a dead letter): a position-made id would differ on a retry."""
+    A null or empty id stays null (a dead letter): a position-made id would differ on a retry.
+
+    Raises:
+        ConfigError: ``column`` is not among the source's ``columns``.
+    """
     from pyspark.sql import functions as F
 
+    if column not in columns:
+        raise ConfigError(f"{producer}: record_id_column {column!r} is not a column of the source "
+                          f"(columns: {', '.join(sorted(columns))})")
     return F.nullif(F.col(column).cast("string"), F.lit(""))
 
 

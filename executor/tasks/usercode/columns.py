@@ -46,7 +46,7 @@ def py_list(arr: Any) -> list[Any]:
     return values
 
 
-def constant_or_list(col: Any, n: int) -> Any:
+def constant_or_list(col: Any, n: int) -> list[Any]:
     """The column ``col`` (``n`` rows) as a Python list; a repeated value when it holds only one."""
     import pyarrow.compute as pc
 
@@ -134,8 +134,7 @@ class Input:
     @cached_property
     def codecs(self) -> list[str | None]:
         """The values' codecs."""
-        n = self.table.num_rows
-        return constant_or_list(self.table.column("codec"), n) if n else []
+        return constant_or_list(self.table.column("codec"), self.n)
 
     @cached_property
     def ts(self) -> list[int]:
@@ -147,8 +146,7 @@ class Input:
         """The records' streams."""
         import pyarrow.compute as pc
 
-        n = self.table.num_rows
-        return constant_or_list(pc.fill_null(self.table.column("stream"), ""), n) if n else []
+        return constant_or_list(pc.fill_null(self.table.column("stream"), ""), self.n)
 
     @cached_property
     def late(self) -> list[bool]:
@@ -186,8 +184,7 @@ class Input:
     def records(self) -> list[Record]:
         """Every record (no values to decode), built at once in C; a key's are a slice."""
         if self._records is None:
-            self._records = list(map(new_record, zip(self.keys, repeat(None), self.ts, self.ids, self.streams,
-                                                     self.late)))
+            self._records = self._built(self.table)
         return self._records
 
 
@@ -212,12 +209,12 @@ class OldRows:
     @cached_property
     def codecs(self) -> list[str | None]:
         """The codec column: a state version older than the computation's is upgraded when run."""
-        return constant_or_list(self.sub.column("codec"), self.n) if self.n else []
+        return constant_or_list(self.sub.column("codec"), self.n)
 
     @cached_property
     def holds(self) -> list[int | None]:
         """The rows' watermark holds."""
-        return constant_or_list(self.sub.column("watermark_hold_ms"), self.n) if self.n else []
+        return constant_or_list(self.sub.column("watermark_hold_ms"), self.n)
 
     @cached_property
     def seqs(self) -> list[int]:

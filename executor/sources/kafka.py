@@ -82,11 +82,8 @@ class PerPartitionWatermark:
         """The estimate (never moves back), or None while an active partition is unknown."""
         if self.finished:
             return int(END_OF_TIME)
-        active = [p for p in self.max_seen if not self.idle(p)]
-        if not active:
-            return self._last  # every partition idle (or none known): stays where it was
-        seen = [self.max_seen[p] for p in active]
-        if any(m is None for m in seen):
+        seen = [m for p, m in self.max_seen.items() if not self.idle(p)]
+        if not seen or None in seen:  # every partition idle (or none known), or an active one unknown
             return self._last
         est = min(int(m) for m in seen if m is not None) - self.delay_ms
         self._last = est if self._last is None else max(self._last, est)
@@ -139,7 +136,7 @@ class KafkaInjector:
                  max_offsets_per_trigger: int | None = None, options: Mapping[str, str] | None = None,
                  max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS, timestamp_format: str | None = None,
                  clock: Clock | None = None) -> None:
-        _check_common(name, 1)
+        _check_common(name)
         if not bootstrap_servers or not topic:
             raise ConfigError(f"injector {name}: give bootstrap_servers and topic (got {bootstrap_servers!r}, "
                               f"{topic!r})")

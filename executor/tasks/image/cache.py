@@ -69,14 +69,9 @@ class ImageCache:
 
     def observe(self, group: Hashable, wm: int | None) -> None:
         """The input low watermark of ``group``'s batch now running (None: none yet)."""
-        if wm is None:
-            return
         old = self._wm.get(group)
-        if old is None:
-            self._wm[group] = (wm, None)
-        elif wm > old[0]:
-            step = float(wm - old[0])
-            self._wm[group] = (wm, step if old[1] is None else _ALPHA * step + (1 - _ALPHA) * old[1])
+        if wm is not None and (old is None or wm > old[0]):
+            self._wm[group] = _advanced(old, wm)
 
     def get(self, key: Hashable, *, slot: Hashable | None = None, count: bool = True) -> Any:
         """The cached value of ``key`` (None: not cached); ``slot``'s other images are dropped now."""
@@ -84,7 +79,7 @@ class ImageCache:
         if count:
             self.lookups += 1
         if slot is not None:
-            self._use(slot)
+            self._uses[slot] = _advanced(self._uses.get(slot), self.tick)
             self._keep_only(slot, key)
         e = self._entries.get(key)
         if e is None:
@@ -129,14 +124,6 @@ class ImageCache:
         self._slot.clear()
         self.bytes = 0
 
-    def _use(self, slot: Hashable) -> None:
-        old = self._uses.get(slot)
-        if old is None:
-            self._uses[slot] = (self.tick, None)
-            return
-        gap = float(self.tick - old[0])
-        self._uses[slot] = (self.tick, gap if old[1] is None else _ALPHA * gap + (1 - _ALPHA) * old[1])
-
     def _drop(self, key: Hashable) -> None:
         e = self._entries.pop(key, None)
         if e is not None:
@@ -169,6 +156,14 @@ class ImageCache:
             return min(cands, key=lambda k: self._entries[k].last)
         # furthest next use first; among equals (none expected), least recently used first
         return max(cands, key=lambda k: (self.next_use(k), -self._entries[k].last))
+
+
+def _advanced(old: tuple[int, float | None] | None, now: int) -> tuple[int, float | None]:
+    """(``now``, the moving average of the steps between) after ``old`` = (last, average)."""
+    if old is None:
+        return now, None
+    step = float(now - old[0])
+    return now, step if old[1] is None else _ALPHA * step + (1 - _ALPHA) * old[1]
 
 
 def max_bytes_from_env() -> int:

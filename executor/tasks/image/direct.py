@@ -253,23 +253,23 @@ def marker_rows(intervals: Sequence[int]) -> Any:
     """One marker row per interval (every interval gets its task's attention, input or not)."""
     import pyarrow as pa
 
-    marks = len(intervals)
-    return _table(record_id=pa.nulls(marks, pa.string()), key=pa.nulls(marks, pa.string()),
-                  codec=pa.nulls(marks, pa.string()), timestamp_ms=pa.nulls(marks, pa.int64()),
-                  stream=pa.nulls(marks, pa.string()), position=pa.nulls(marks, pa.string()),
-                  late=pa.nulls(marks, pa.bool_()), _bad=pa.nulls(marks, pa.string()),
-                  interval=pa.array(list(intervals), pa.int32()), _m=pa.array([True] * marks))
+    return _table(interval=pa.array(list(intervals), pa.int32()), _m=pa.array([True] * len(intervals)))
+
+
+#: the tasks' input columns, with their Arrow types
+_TASK_COLUMNS = (("record_id", "string"), ("key", "string"), ("value", "binary"), ("codec", "string"),
+                 ("timestamp_ms", "int64"), ("stream", "string"), ("position", "string"), ("late", "bool"),
+                 ("_bad", "string"), ("interval", "int32"), ("_m", "bool"))
 
 
 def _table(**cols: Any) -> Any:
+    """The tasks' input table of ``cols``: ``_m`` False and any other column missing null."""
     import pyarrow as pa
 
     n = len(cols["interval"])
-    order = ("record_id", "key", "value", "codec", "timestamp_ms", "stream", "position", "late", "_bad",
-             "interval", "_m")
-    cols.setdefault("value", pa.nulls(n, pa.binary()))
     cols.setdefault("_m", pa.repeat(pa.scalar(False), n))
-    return pa.table([cols[c] for c in order], names=list(order))
+    return pa.table([cols[c] if c in cols else pa.nulls(n, pa.type_for_alias(t)) for c, t in _TASK_COLUMNS],
+                    names=[c for c, _t in _TASK_COLUMNS])
 
 
 def _key_facts(keys: Any, num_intervals: int) -> tuple[Any, list[str | None] | None]:
@@ -367,14 +367,9 @@ def _valid_utf8(t: Any) -> tuple[Any, Any | None]:
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
             continue
         raw = col.cast(pa.binary()).to_pylist()
-        fixed: list[str | None] = []
-        for j, b in enumerate(raw):
-            if b is None:
-                fixed.append(None)
-                continue
-            text = b.decode("utf-8", "replace")
-            bad[j] |= text.encode("utf-8") != b
-            fixed.append(text)
+        fixed = [None if b is None else b.decode("utf-8", "replace") for b in raw]
+        bad |= np.array([f is not None and f.encode("utf-8") != b for f, b in zip(fixed, raw, strict=True)],
+                        dtype=bool)
         t = t.set_column(i, field.with_type(pa.string()), pa.array(fixed, pa.string()))
     return t, bad
 

@@ -181,13 +181,12 @@ def _dead_letters(data: Any) -> tuple[Any, list[SideRecord], tuple[int | None, i
     if not data.num_rows:
         return data, [], (None, None)
     bad = pc.is_valid(data.column("_bad"))
-    any_bad = pc.any(bad).as_py()
-    ts = data.column("timestamp_ms")
-    mm = pc.min_max(ts.filter(pc.invert(bad)) if any_bad else ts)
-    if not any_bad:
-        return data, [], (mm["min"].as_py(), mm["max"].as_py())
-    side = [SideRecord.of_input("dead", r, r["key"], r["_bad"]) for r in data.filter(bad).to_pylist()]
-    return data.filter(pc.invert(bad)), side, (mm["min"].as_py(), mm["max"].as_py())
+    side = []
+    if pc.any(bad).as_py():
+        side = [SideRecord.of_input("dead", r, r["key"], r["_bad"]) for r in data.filter(bad).to_pylist()]
+        data = data.filter(pc.invert(bad))
+    mm = pc.min_max(data.column("timestamp_ms"))
+    return data, side, (mm["min"].as_py(), mm["max"].as_py())
 
 
 class ClaimError(RuntimeError):

@@ -9,6 +9,7 @@ from deltawheel.statestore.rowtable.rows import DOMAIN_VALUES, TimeDomain
 
 from ...computation import ColumnResult, Computation
 from ...exceptions import UserCodeError
+from .columns import value_ranks
 
 __all__ = ["LateFirst", "with_late_first", "packed_pairs", "old_columns", "per_key", "sorted_timers", "same_rows",
            "check_result"]
@@ -100,11 +101,7 @@ def sorted_timers(timers: Any, karr: Any) -> tuple[Any, Any]:
         tm = timers.sort_by(order)
         return tm, pc.index_in(tm.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
     rows = pc.index_in(timers.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
-    enc = pc.dictionary_encode(timers.column("tag")).combine_chunks()
-    by_name = pc.sort_indices(enc.dictionary).to_numpy()
-    rank = np.empty(len(by_name), dtype=np.int64)
-    rank[by_name] = np.arange(len(by_name), dtype=np.int64)
-    by = np.lexsort((rank[enc.indices.to_numpy()], timers.column("time_ms").to_numpy(), rows))
+    by = np.lexsort((value_ranks(timers.column("tag"))[0], timers.column("time_ms").to_numpy(), rows))
     return timers.take(pa.array(by)), rows[by]
 
 

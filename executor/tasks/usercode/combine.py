@@ -20,11 +20,7 @@ def late_prefix(late: Sequence[bool]) -> int:
     >>> late_prefix([True, True, False]), late_prefix([False, False]), late_prefix([False, True])
     (2, 0, -1)
     """
-    n = 0
-    for flag in late:
-        if not flag:
-            break
-        n += 1
+    n = next((i for i, flag in enumerate(late) if not flag), len(late))
     return -1 if any(late[n:]) else n
 
 

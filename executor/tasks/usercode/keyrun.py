@@ -82,7 +82,6 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
                     record_watermark_ms=record_watermark_ms)
     fresh, dups, late, dead, fired = user.run(ctx, records if presorted else sorted(records, key=_ORDER),
                                               seen if exactly_once else None)
-    produced = ctx.productions
     # Phase 4: the new row image.
     old_ids = row.record_ids if row else ()
     if not exactly_once or ctx.expired:
@@ -95,7 +94,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     if dedup_horizon_ms is not None and ids:
         kept = tuple(s for s in ids if s.seen_ms >= dedup_horizon_ms)
         expired, ids = len(ids) - len(kept), kept
-    prods = tuple(produced)
+    prods = tuple(ctx.productions)
     strong = comp.strong_productions if strong is None else strong
     pending = (row.pending if row else ()) + (prods if strong else ())
     state = ctx.encoded_state()
@@ -165,7 +164,8 @@ class UserCode:
         if ctx.needs_upgrade():
             err = self._upgrade(ctx)
             if err is not None:  # dead-letter policy: the key's records go, its row stays as it was
-                return self._dead_key(ctx, records, seen, err)
+                todo, dups = _unseen(records, seen)
+                return list(map(_RECORD_ID, todo)), dups, sum(map(_LATE, todo)), [(r, err) for r in todo], 0
         if combined is not None or self.per_key_combine:
             fresh, dups, late, dead = self._run_combined(ctx, records, seen, combined)
         elif self.batch:
@@ -255,12 +255,6 @@ class UserCode:
             raise UserCodeError(comp.name, ctx.key, f"its stored state ({row_codec})", exc) from exc
         ctx.set_upgraded(new)
         return None
-
-    def _dead_key(self, ctx: Context, records: Sequence[Record], seen: set[str] | None,
-                  err: str) -> tuple[list[str], int, int, list[tuple[Record, str]], int]:
-        """The key's state cannot be read: its new records are dead letters with ``err``."""
-        todo, dups = _unseen(records, seen)
-        return list(map(_RECORD_ID, todo)), dups, sum(map(_LATE, todo)), [(r, err) for r in todo], 0
 
     def _run_each(self, ctx: Context, records: Sequence[Record], seen: set[str] | None) -> _RecordsRan:
         """``process_record`` per record, with dedup and / or the dead-letter policy."""

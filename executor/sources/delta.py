@@ -58,10 +58,7 @@ class DeltaTableInjector(_MaxSeenInjector):
         except AnalysisException as exc:
             raise ConfigError(f"injector {self.name}: {self.path} is not a readable Delta table "
                               f"({str(exc).splitlines()[0]}); create it first") from exc
-        if self.record_id_column not in columns:
-            raise ConfigError(f"{self.name}: record_id_column {self.record_id_column!r} is not a column "
-                              f"of the source (columns: {', '.join(sorted(columns))})")
-        rid = record_id_of(self.record_id_column)
+        rid = record_id_of(self.record_id_column, producer=self.name, columns=columns)
         row_hash = F.concat(F.lit("sha256:"), F.sha2(F.to_json(F.struct(*[F.col(c) for c in columns])), 256))
         return to_stream_schema(
             raw, producer=self.name, key_column=self.key_column, event_time_column=self.event_time_column,

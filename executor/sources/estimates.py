@@ -40,7 +40,6 @@ class PendingPercentile:
         self._times: dict[tuple[str, int, int], Any] = {}  # (name, size, mtime) -> sorted event times (ms)
         self._last: int | None = None
         self.finished = False
-        self.pending_files = 0
 
     def observe(self, stats: Any, *, query: str = "") -> None:
         """A batch was consumed by ``query``; ``stats.sources``: every file that query has read."""
@@ -80,17 +79,11 @@ class PendingPercentile:
         if self.finished:
             return int(END_OF_TIME)
         pend = self.pending()
-        self.pending_files = len(pend)
-        est: int | None
-        if pend:
-            times = np.concatenate([self._event_times(*f) for f in pend])
-            if times.size == 0:
-                est = self.floor.watermark_ms()
-            else:  # the lower percentile: the k-th smallest, without sorting everything pending
-                k = int(self.percentile * (times.size - 1))
-                est = int(np.partition(times, k)[k])
-        else:
-            est = self.floor.watermark_ms()
+        times = np.concatenate([self._event_times(*f) for f in pend]) if pend else np.zeros(0, np.int64)
+        est: int | None = self.floor.watermark_ms()
+        if times.size:  # the lower percentile: the k-th smallest, without sorting everything pending
+            k = int(self.percentile * (times.size - 1))
+            est = int(np.partition(times, k)[k])
         if est is not None and (self._last is None or est > self._last):
             self._last = est
         return self._last

@@ -43,13 +43,8 @@ def make_local_dir(path: str) -> None:
 
 def _local_parquet_schema(folder: str) -> Any | None:
     """A local Parquet folder's Spark schema from its first file's footer; ``None``: Spark must infer it."""
-    return _spark_schema(_first_footer(folder))
-
-
-def _first_footer(folder: str, files: TableFiles | None = None) -> Any | None:
-    """The Arrow schema of a folder's first visible Parquet file, or None."""
-    found = _first_file_footer(folder, files)
-    return None if found is None else found[1]
+    found = _first_file_footer(folder)
+    return None if found is None else _spark_schema(found[1])
 
 
 def _first_file_footer(folder: str, files: TableFiles | None = None) -> tuple[str, Any] | None:

@@ -125,27 +125,25 @@ def publish_watermark(authority: WatermarkAuthority, injector: Injector, *, sequ
     return int(authority.publish_injector(injector.name, watermark, sequencer=sequencer))
 
 
-def _check_common(name: str, max_files_per_trigger: int | None, max_bytes_per_trigger: int | None = None) -> None:
-    validate_name("injector", name)
-    if max_files_per_trigger is not None and max_files_per_trigger < 1:
-        raise ConfigError(f"injector {name}: max_files_per_trigger must be >= 1, got {max_files_per_trigger}")
-    if max_bytes_per_trigger is not None and max_bytes_per_trigger < 1:
-        raise ConfigError(f"injector {name}: max_bytes_per_trigger must be >= 1, got {max_bytes_per_trigger}")
-
-
-def read_limit_options(name: str, max_files_per_trigger: int | None,
-                       max_bytes_per_trigger: int | None) -> dict[str, int]:
-    """The file source's per-trigger options: none, ``maxFilesPerTrigger`` or ``maxBytesPerTrigger``.
+def _check_common(name: str, max_files_per_trigger: int | None = None, max_bytes_per_trigger: int | None = None,
+                  max_event_ahead_ms: int | None = None) -> dict[str, int]:
+    """Check an injector's shared settings; returns the file source's per-trigger option (none or one).
 
     Raises:
-        ConfigError: both limits given.
+        ConfigError: an invalid name, a limit below 1, a negative bound, or both limits.
     """
-    if max_files_per_trigger is not None and max_bytes_per_trigger is not None:
+    validate_name("injector", name)
+    limits = {"maxFilesPerTrigger": max_files_per_trigger, "maxBytesPerTrigger": max_bytes_per_trigger}
+    for what, n in zip(("max_files_per_trigger", "max_bytes_per_trigger"), limits.values(), strict=True):
+        if n is not None and n < 1:
+            raise ConfigError(f"injector {name}: {what} must be >= 1, got {n}")
+    if max_event_ahead_ms is not None and max_event_ahead_ms < 0:
+        raise ConfigError(f"injector {name}: max_event_ahead_ms must be >= 0 (or None: no bound), "
+                          f"got {max_event_ahead_ms}")
+    if None not in limits.values():
         raise ConfigError(f"injector {name}: give max_files_per_trigger or max_bytes_per_trigger, not both "
                           "(Spark's file source takes one per-trigger limit)")
-    if max_files_per_trigger is not None:
-        return {"maxFilesPerTrigger": max_files_per_trigger}
-    return {} if max_bytes_per_trigger is None else {"maxBytesPerTrigger": max_bytes_per_trigger}
+    return {k: v for k, v in limits.items() if v is not None}
 
 
 class _MaxSeenInjector:
@@ -156,10 +154,7 @@ class _MaxSeenInjector:
                  max_files_per_trigger: int | None, watermark_delay_ms: int,
                  max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS,
                  max_bytes_per_trigger: int | None = None) -> None:
-        _check_common(name, max_files_per_trigger, max_bytes_per_trigger)
-        if max_event_ahead_ms is not None and max_event_ahead_ms < 0:
-            raise ConfigError(f"injector {name}: max_event_ahead_ms must be >= 0 (or None: no bound), "
-                              f"got {max_event_ahead_ms}")
+        self.read_limits = _check_common(name, max_files_per_trigger, max_bytes_per_trigger, max_event_ahead_ms)
         self.max_event_ahead_ms = max_event_ahead_ms
         self.name = name
         self.key_column = key_column
@@ -168,7 +163,6 @@ class _MaxSeenInjector:
         self.record_id_column = record_id_column
         self.max_files_per_trigger = max_files_per_trigger
         self.max_bytes_per_trigger = max_bytes_per_trigger
-        self.read_limits = read_limit_options(name, max_files_per_trigger, max_bytes_per_trigger)
         self._estimate: MaxSeenMinusBound | PendingPercentile = MaxSeenMinusBound(watermark_delay_ms)
 
     def observe(self, stats: BatchStats) -> None:
@@ -180,5 +174,5 @@ class _MaxSeenInjector:
         self._estimate.finish()
 
     def watermark_ms(self) -> int | None:
-        """Max event time seen minus ``watermark_delay_ms``; ``None`` before the first batch."""
+        """The estimate (epoch ms; the class docstring says which); ``None`` while unknown."""
         return self._estimate.watermark_ms()

@@ -143,12 +143,9 @@ class JsonLinesInjector(_MaxSeenInjector):
         lineno = F.col("_lineno").cast("string")
         position = F.concat(F.lit(f"{self.name}/"), F.col("_file"), F.lit("#"), lineno)
         if self.record_id_column is not None:
-            if self.record_id_column not in schema.fieldNames():
-                raise ConfigError(f"{self.name}: record_id_column {self.record_id_column!r} is not a column "
-                                  f"of the source (columns: {', '.join(sorted(schema.fieldNames()))})")
             # none: a dead letter, not a position; a malformed line (a dead letter anyway) keeps its position
             record_id = F.when(F.col(CORRUPT_RECORD).isNotNull(), position).otherwise(
-                record_id_of(self.record_id_column))
+                record_id_of(self.record_id_column, producer=self.name, columns=schema.fieldNames()))
         else:
             record_id = position
         exclude = ("_file", "_lineno", "_line", CORRUPT_RECORD, *(() if self.record_id_column is None

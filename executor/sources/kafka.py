@@ -82,11 +82,8 @@ class PerPartitionWatermark:
         """The estimate (never moves back), or None while an active partition is unknown."""
         if self.finished:
             return int(END_OF_TIME)
-        active = [p for p in self.max_seen if not self.idle(p)]
-        if not active:
-            return self._last  # every partition idle (or none known): stays where it was
-        seen = [self.max_seen[p] for p in active]
-        if any(m is None for m in seen):
+        seen = [m for p, m in self.max_seen.items() if not self.idle(p)]
+        if not seen or None in seen:  # every partition idle (or none known), or an active one unknown
             return self._last
         est = min(int(m) for m in seen if m is not None) - self.delay_ms
         self._last = est if self._last is None else max(self._last, est)
@@ -139,7 +136,7 @@ class KafkaInjector:
                  max_offsets_per_trigger: int | None = None, options: Mapping[str, str] | None = None,
                  max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS, timestamp_format: str | None = None,
                  clock: Clock | None = None) -> None:
-        _check_common(name, 1)
+        _check_common(name)
         if not bootstrap_servers or not topic:
             raise ConfigError(f"injector {name}: give bootstrap_servers and topic (got {bootstrap_servers!r}, "
                               f"{topic!r})")
@@ -175,7 +172,8 @@ class KafkaInjector:
 
     def discover_partitions(self, spark: SparkSession) -> list[str]:
         """List the topic's partitions (none if it does not exist) and declare them to the estimate."""
-        j, admin = self._admin(spark)
+        j, props = self._client(spark)
+        admin = j.org.apache.kafka.clients.admin.Admin.create(props)
         try:
             desc = admin.describeTopics(j.java.util.Collections.singletonList(self.topic)).allTopicNames()
             try:
@@ -193,21 +191,19 @@ class KafkaInjector:
         self._estimate.assign(names)
         return names
 
-    def _client_props(self, j: Any) -> Any:
-        props = j.java.util.Properties()
-        props.setProperty("bootstrap.servers", self.bootstrap_servers)
-        for k, v in self.options.items():
-            if k.startswith("kafka."):
-                props.setProperty(k[len("kafka."):], v)
-        return props
-
-    def _admin(self, spark: SparkSession) -> tuple[Any, Any]:
-        """(the JVM, a Kafka admin client in the Spark driver); close the client after."""
+    def _client(self, spark: SparkSession) -> tuple[Any, Any]:
+        """(the driver's JVM, the Kafka client properties: the servers and the ``kafka.*`` options)."""
         from deltawheel.statestore.delta.jvm import jvm
 
         j = jvm(spark)
-        props = self._client_props(j)
-        return j, j.org.apache.kafka.clients.admin.Admin.create(props)
+        props = j.java.util.Properties()
+        props.setProperty("bootstrap.servers", self.bootstrap_servers)
+        for k, v in self._kafka_options().items():
+            props.setProperty(k[len("kafka."):], v)
+        return j, props
+
+    def _kafka_options(self) -> dict[str, str]:
+        return {k: v for k, v in self.options.items() if k.startswith("kafka.")}
 
     @property
     def fails_on_data_loss(self) -> bool:
@@ -216,10 +212,7 @@ class KafkaInjector:
 
     def earliest_offsets(self, spark: SparkSession, partitions: Iterable[str]) -> dict[str, int]:
         """The earliest offset still available of each of ``partitions`` (numbers as strings)."""
-        from deltawheel.statestore.delta.jvm import jvm
-
-        j = jvm(spark)
-        props = self._client_props(j)
+        j, props = self._client(spark)
         raw = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
         props.setProperty("key.deserializer", raw)
         props.setProperty("value.deserializer", raw)
@@ -241,10 +234,7 @@ class KafkaInjector:
                   .option("subscribe", self.topic)
                   .option("startingOffsets", json.dumps({self.topic: {p: int(r[0]) for p, r in parts.items()}}))
                   .option("endingOffsets", json.dumps({self.topic: {p: int(r[1]) for p, r in parts.items()}}))
-                  .option("failOnDataLoss", "true"))
-        for k, v in self.options.items():
-            if k.startswith("kafka."):
-                reader = reader.option(k, v)
+                  .option("failOnDataLoss", "true").options(**self._kafka_options()))
         return self._prepare(reader.load(), self._checked_schema())
 
     def _checked_schema(self) -> Any:

@@ -13,7 +13,7 @@ from .estimates import PendingPercentile, check_percentile
 from .folders import (
     _check_footer,
     _first_file_footer,
-    _first_footer,
+    _local_parquet_schema,
     _spark_schema,
     local_folder_token,
     make_local_dir,
@@ -80,10 +80,6 @@ class ParquetInjector(_MaxSeenInjector):
         else:
             self._estimate.observe(stats)
 
-    def watermark_ms(self) -> int | None:
-        """The estimate (see the class docstring); ``None`` while unknown."""
-        return self._estimate.watermark_ms()
-
     def input_token(self) -> tuple[tuple[str, int, int], ...] | None:
         """The folder's visible files with sizes and mtimes (None for a remote folder)."""
         return local_folder_token(self.folder)
@@ -133,7 +129,7 @@ class ParquetInjector(_MaxSeenInjector):
     def files_df(self, spark: SparkSession, names: Sequence[str]) -> DataFrame:
         """The records of some of the folder's files (by name) as :meth:`stream_df` gives them, in a batch."""
         given = None if self.schema is None else json_schema(self.schema)
-        schema = given or _spark_schema(_first_footer(self.folder)) or spark.read.parquet(self.folder).schema
+        schema = given or _local_parquet_schema(self.folder) or spark.read.parquet(self.folder).schema
         raw = spark.read.schema(schema).parquet(*[f"{self.folder.rstrip('/')}/{n}" for n in sorted(names)])
         return self._in_stream_schema(raw, schema)
 
@@ -142,13 +138,8 @@ class ParquetInjector(_MaxSeenInjector):
 
         fname, row = F.col("_metadata.file_name"), F.col("_metadata.row_index").cast("string")
         position = F.concat(F.lit(f"{self.name}/"), fname, F.lit("#"), row)
-        if self.record_id_column is not None:
-            if self.record_id_column not in schema.fieldNames():
-                raise ConfigError(f"{self.name}: record_id_column {self.record_id_column!r} is not a column "
-                                  f"of the source (columns: {', '.join(sorted(schema.fieldNames()))})")
-            record_id = record_id_of(self.record_id_column)  # none: a dead letter, not a position
-        else:
-            record_id = position
+        record_id = position if self.record_id_column is None else record_id_of(
+            self.record_id_column, producer=self.name, columns=schema.fieldNames())  # none: a dead letter
         return to_stream_schema(
             raw, producer=self.name, key_column=self.key_column, event_time_column=self.event_time_column,
             value_columns=self.value_columns, record_id=record_id,

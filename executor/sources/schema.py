@@ -74,25 +74,25 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
         codec, ts_ms = F.when(bad, F.lit(MALFORMED_CODEC)).otherwise(codec), F.when(~bad, ts_ms)
     shown = F.when(ts_ms.between(MIN_EVENT_MS, MAX_EVENT_MS), ts_ms)  # outside: a dead letter, not an overflow
     return df.select(
-        rid.alias("record_id"),
-        key.alias("key"),
-        value.alias("value"),
-        codec.alias("codec"),
-        ts_ms.alias("timestamp_ms"),
-        F.timestamp_millis(shown).alias("event_time"),
-        F.lit(producer).alias("producer"),
-        commit_id.cast("string").alias("commit_id"),
-        F.lit(STREAM_FORMAT_VERSION).cast("int").alias("format_version"),
-        *([] if raw is None else [raw.cast("binary").alias(RAW_COLUMN)]),
-    )
+        rid.alias("record_id"), key.alias("key"), value.alias("value"), codec.alias("codec"),
+        ts_ms.alias("timestamp_ms"), F.timestamp_millis(shown).alias("event_time"), F.lit(producer).alias("producer"),
+        commit_id.cast("string").alias("commit_id"), F.lit(STREAM_FORMAT_VERSION).cast("int").alias("format_version"),
+        *([] if raw is None else [raw.cast("binary").alias(RAW_COLUMN)]))
 
 
-def record_id_of(column: str) -> Any:
+def record_id_of(column: str, *, producer: str, columns: Sequence[str]) -> Any:
     """The record id from a source's ``record_id_column``, as a STRING column.
 
-    A null or empty id stays null (a dead letter): a position-made id would differ on a retry."""
+    A null or empty id stays null (a dead letter): a position-made id would differ on a retry.
+
+    Raises:
+        ConfigError: ``column`` is not among the source's ``columns``.
+    """
     from pyspark.sql import functions as F
 
+    if column not in columns:
+        raise ConfigError(f"{producer}: record_id_column {column!r} is not a column of the source "
+                          f"(columns: {', '.join(sorted(columns))})")
     return F.nullif(F.col(column).cast("string"), F.lit(""))
 
 

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Hashable
 
 from deltawheel.statestore.exceptions import ConfigError
@@ -14,7 +15,7 @@ from deltawheel.statestore.writepath.image.files import read_rows_file
 from .spec import ImageSpec
 
 __all__ = ["ImageCache", "DEFAULT_MAX_BYTES", "MAX_BYTES_ENV", "TRACE_ENV", "image_facts", "max_bytes_from_env",
-           "trace", "traced_folder", "load_image", "keep_image", "holds"]
+           "trace", "load_image", "keep_image", "holds"]
 
 DEFAULT_MAX_BYTES = 2 * 2**30  # per Python worker, unless DELTAWHEEL_IMAGE_CACHE_BYTES says otherwise
 MAX_BYTES_ENV = "DELTAWHEEL_IMAGE_CACHE_BYTES"
@@ -34,17 +35,14 @@ def image_facts(table: Any) -> int | None:
     return None if got is None else int(got)
 
 
+@dataclass(slots=True)
 class _Entry:
-    __slots__ = ("value", "nbytes", "next_ev", "last", "group", "slot")
-
-    def __init__(self, value: Any, nbytes: int, next_ev: int | None, last: int, group: Hashable,
-                 slot: Hashable | None) -> None:
-        self.value = value
-        self.nbytes = nbytes
-        self.next_ev = next_ev
-        self.last = last
-        self.group = group
-        self.slot = slot
+    value: Any
+    nbytes: int
+    next_ev: int | None
+    last: int
+    group: Hashable
+    slot: Hashable | None
 
 
 class ImageCache:
@@ -71,14 +69,9 @@ class ImageCache:
 
     def observe(self, group: Hashable, wm: int | None) -> None:
         """The input low watermark of ``group``'s batch now running (None: none yet)."""
-        if wm is None:
-            return
         old = self._wm.get(group)
-        if old is None:
-            self._wm[group] = (wm, None)
-        elif wm > old[0]:
-            step = float(wm - old[0])
-            self._wm[group] = (wm, step if old[1] is None else _ALPHA * step + (1 - _ALPHA) * old[1])
+        if wm is not None and (old is None or wm > old[0]):
+            self._wm[group] = _advanced(old, wm)
 
     def get(self, key: Hashable, *, slot: Hashable | None = None, count: bool = True) -> Any:
         """The cached value of ``key`` (None: not cached); ``slot``'s other images are dropped now."""
@@ -86,7 +79,7 @@ class ImageCache:
         if count:
             self.lookups += 1
         if slot is not None:
-            self._use(slot)
+            self._uses[slot] = _advanced(self._uses.get(slot), self.tick)
             self._keep_only(slot, key)
         e = self._entries.get(key)
         if e is None:
@@ -131,14 +124,6 @@ class ImageCache:
         self._slot.clear()
         self.bytes = 0
 
-    def _use(self, slot: Hashable) -> None:
-        old = self._uses.get(slot)
-        if old is None:
-            self._uses[slot] = (self.tick, None)
-            return
-        gap = float(self.tick - old[0])
-        self._uses[slot] = (self.tick, gap if old[1] is None else _ALPHA * gap + (1 - _ALPHA) * old[1])
-
     def _drop(self, key: Hashable) -> None:
         e = self._entries.pop(key, None)
         if e is not None:
@@ -173,6 +158,14 @@ class ImageCache:
         return max(cands, key=lambda k: (self.next_use(k), -self._entries[k].last))
 
 
+def _advanced(old: tuple[int, float | None] | None, now: int) -> tuple[int, float | None]:
+    """(``now``, the moving average of the steps between) after ``old`` = (last, average)."""
+    if old is None:
+        return now, None
+    step = float(now - old[0])
+    return now, step if old[1] is None else _ALPHA * step + (1 - _ALPHA) * old[1]
+
+
 def max_bytes_from_env() -> int:
     """``DELTAWHEEL_IMAGE_CACHE_BYTES`` (``k``/``m``/``g`` suffixes), else :data:`DEFAULT_MAX_BYTES`."""
     raw = os.environ.get(MAX_BYTES_ENV, "").strip().lower()
@@ -189,11 +182,6 @@ def max_bytes_from_env() -> int:
     return got
 
 
-def traced_folder() -> str | None:
-    """The folder ``DELTAWHEEL_IMAGE_CACHE_TRACE`` names (None: no trace), read once per worker."""
-    return os.environ.get(TRACE_ENV) or None
-
-
 def trace(event: dict[str, Any], *, traced: str | None) -> None:
     """Append one event to this worker's trace file in ``traced`` (None: nothing)."""
     if traced is None:
@@ -205,7 +193,7 @@ def trace(event: dict[str, Any], *, traced: str | None) -> None:
 
 # the worker's images, bounded by bytes and evicted window-aware
 _IMAGES = ImageCache(max_bytes_from_env())
-_TRACED = traced_folder()  # DELTAWHEEL_IMAGE_CACHE_TRACE: record the lookups (``deltawheel bench cache --trace``)
+_TRACED = os.environ.get(TRACE_ENV) or None  # record the lookups (``deltawheel bench cache --trace``)
 
 
 def holds(spec: ImageSpec, iv: int) -> bool:

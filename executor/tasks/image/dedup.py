@@ -58,7 +58,7 @@ def dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
             import pyarrow.compute as pc
 
             at = np.flatnonzero(flags)
-            cand = _column(inp.table, "record_id").take(pa.array(at))
+            cand = inp.table.column("record_id").combine_chunks().take(pa.array(at))
             apart = pick_ids(live, cand, inp.hashes[at])
             if legacy.num_rows:
                 apart = pa.concat_tables([apart, legacy.filter(pc.is_in(legacy.column("record_id"), value_set=cand))])
@@ -68,11 +68,6 @@ def dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
         ids = HeldIds(ids.held, pa.concat_tables([ids.table, held]))
     seen = already_seen(spec.comp, inp, ids, maybe=flags)
     return bloom, seen, BloomCounts(inp.n, maybe, maybe - (sum(seen) if seen else 0), bloom.nbytes)
-
-
-def _column(t: Any, name: str) -> Any:
-    col = t.column(name)
-    return col.combine_chunks() if hasattr(col, "combine_chunks") else col
 
 
 def bloom_for(paths: tuple[str, ...], image: Any, apart: Any, batch: int) -> IdBloom:

@@ -253,22 +253,23 @@ def marker_rows(intervals: Sequence[int]) -> Any:
     """One marker row per interval (every interval gets its task's attention, input or not)."""
     import pyarrow as pa
 
-    marks = len(intervals)
-    return _table(record_id=pa.nulls(marks, pa.string()), key=pa.nulls(marks, pa.string()),
-                  codec=pa.nulls(marks, pa.string()), timestamp_ms=pa.nulls(marks, pa.int64()),
-                  stream=pa.nulls(marks, pa.string()), position=pa.nulls(marks, pa.string()),
-                  late=pa.nulls(marks, pa.bool_()), _bad=pa.nulls(marks, pa.string()),
-                  interval=pa.array(list(intervals), pa.int32()), _m=pa.array([True] * marks))
+    return _table(interval=pa.array(list(intervals), pa.int32()), _m=pa.array([True] * len(intervals)))
+
+
+#: the tasks' input columns, with their Arrow types
+_TASK_COLUMNS = (("record_id", "string"), ("key", "string"), ("value", "binary"), ("codec", "string"),
+                 ("timestamp_ms", "int64"), ("stream", "string"), ("position", "string"), ("late", "bool"),
+                 ("_bad", "string"), ("interval", "int32"), ("_m", "bool"))
 
 
 def _table(**cols: Any) -> Any:
+    """The tasks' input table of ``cols``: ``_m`` False and any other column missing null."""
     import pyarrow as pa
 
     n = len(cols["interval"])
-    order = ("record_id", "key", "value", "codec", "timestamp_ms", "stream", "position", "late", "_bad",
-             "interval", "_m")
-    cols.setdefault("value", pa.nulls(n, pa.binary()))
-    return pa.table([cols[c] for c in order], names=list(order))
+    cols.setdefault("_m", pa.repeat(pa.scalar(False), n))
+    return pa.table([cols[c] if c in cols else pa.nulls(n, pa.type_for_alias(t)) for c, t in _TASK_COLUMNS],
+                    names=[c for c, _t in _TASK_COLUMNS])
 
 
 def _key_facts(keys: Any, num_intervals: int) -> tuple[Any, list[str | None] | None]:
@@ -366,14 +367,9 @@ def _valid_utf8(t: Any) -> tuple[Any, Any | None]:
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
             continue
         raw = col.cast(pa.binary()).to_pylist()
-        fixed: list[str | None] = []
-        for j, b in enumerate(raw):
-            if b is None:
-                fixed.append(None)
-                continue
-            text = b.decode("utf-8", "replace")
-            bad[j] |= text.encode("utf-8") != b
-            fixed.append(text)
+        fixed = [None if b is None else b.decode("utf-8", "replace") for b in raw]
+        bad |= np.array([f is not None and f.encode("utf-8") != b for f, b in zip(fixed, raw, strict=True)],
+                        dtype=bool)
         t = t.set_column(i, field.with_type(pa.string()), pa.array(fixed, pa.string()))
     return t, bad
 
@@ -386,19 +382,15 @@ def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: S
     import pyarrow.compute as pc
 
     src = batch.source
-    rows = keyed.rows_of(intervals, batch.num_intervals)
+    rows, take, codes = _picked(batch, keyed, intervals)
     m = len(rows)
-    take = pa.array(rows, pa.int64())
-    codes = keyed.codes[rows]
     # the event time in epoch ms: unix_millis (floor) of a timestamp, or the int column itself
     et = t.column(src.event_time_column).combine_chunks().take(take)
-    ts_null = et.is_null().to_numpy(zero_copy_only=False) if et.null_count else None
-    if pa.types.is_timestamp(et.type):
-        raw = et.cast(pa.int64()).fill_null(0).to_numpy()
-        ms = raw // 1000 if et.type.unit == "us" else raw
-    else:
-        ms = et.cast(pa.int64()).fill_null(0).to_numpy()
-    ts = pa.array(ms, pa.int64(), mask=ts_null)
+    ts_null = et.is_null().to_numpy(zero_copy_only=False)
+    ms = et.cast(pa.int64()).fill_null(0).to_numpy()
+    if pa.types.is_timestamp(et.type) and et.type.unit == "us":
+        ms = ms // 1000
+    ts = pa.array(ms, pa.int64(), mask=ts_null if et.null_count else None)
     # the record id: the column (null or empty: a dead letter), else the position "{injector}/{file}#{row}"
     if src.record_id_column is not None:
         rid = t.column(src.record_id_column).combine_chunks().take(take).cast(pa.string())
@@ -408,38 +400,56 @@ def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: S
     else:
         rid = pa.array([f"{src.stream}/{name}#{r}" for r in rows.tolist()], pa.string())
         rid_empty = np.zeros(m, dtype=bool)  # a position is never empty
-    # dead letters: the first failing check, as prepare_input orders them
-    key_bad = keyed.bad(codes)
-    ok = ~ts_null if ts_null is not None else True
-    far = np.zeros(m, dtype=bool) if batch.ahead is None else (ms > sum(batch.ahead)) & ok
-    out = ((ms < MIN_EVENT_MS) | (ms > MAX_EVENT_MS)) & ok
+    ok = ~ts_null
     mal = np.zeros(m, dtype=bool) if not_utf8 is None else not_utf8[rows]
     key = keyed.key(codes)
+    codec = _repeat("json", m)
     if mal.any():  # as the JVM: a malformed record has no key, id or event time of its own
         key = pc.if_else(pa.array(mal), pa.scalar("", pa.string()), key)
         ts = pc.if_else(pa.array(mal), pa.nulls(m, pa.int64()), ts)
-        ok = ok & ~mal
-        far, out = far & ~mal, out & ~mal
-    if mal.any() or key_bad is not None or rid_empty.any() or ts_null is not None or far.any() or out.any():
-        now, bound = batch.ahead or (0, 0)
-        nulls = ts_null.tolist() if ts_null is not None else [False] * m
-        why = [MALFORMED_REASON if mf else kb if kb is not None else "record without record_id" if re else
-               "record without timestamp" if tn else range_reason(t_ms) if oo else
-               ahead_reason(t_ms, bound, now) if fa else None
-               for mf, kb, re, tn, oo, fa, t_ms in zip(mal.tolist(), key_bad or [None] * m, rid_empty.tolist(), nulls,
-                                                       out.tolist(), far.tolist(), ms.tolist(), strict=True)]
+        codec = pc.if_else(pa.array(mal), MALFORMED_CODEC, codec)
+        ok &= ~mal
+    why, late = _checks(batch, ms, ok, mal, keyed.bad(codes), rid_empty, ts_null)
+    if why is None:
+        bad = position = pa.nulls(m, pa.string())
+    else:
         bad = pa.array(why, pa.string())
         position = pa.array([None if w is None else f"file={name}#row={r}" for w, r in zip(why, rows.tolist(), strict=True)],
                             pa.string())
-    else:
-        bad = pa.nulls(m, pa.string())
-        position = pa.nulls(m, pa.string())
     value = _json_values(t, src.value_columns, take) if src.value_columns else pa.nulls(m, pa.binary())
-    late = np.zeros(m, dtype=bool) if batch.late_before is None else (ms < batch.late_before) & ok
-    codec = _repeat("json", m) if not mal.any() else pc.if_else(pa.array(mal), MALFORMED_CODEC, _repeat("json", m))
     return _table(record_id=rid, key=key, value=value, codec=codec, timestamp_ms=ts,
-                  stream=_repeat(src.stream, m), position=position, late=pa.array(late), _bad=bad,
-                  interval=pa.array(keyed.ivs_of[codes], pa.int32()), _m=pa.array(np.zeros(m, dtype=bool)))
+                  stream=_repeat(src.stream, m), position=position, late=late, _bad=bad,
+                  interval=pa.array(keyed.ivs_of[codes], pa.int32()))
+
+
+def _picked(batch: DirectBatch, keyed: _Keyed, intervals: Sequence[int]) -> tuple[Any, Any, Any]:
+    """(the row numbers of ``intervals``, them as an Arrow array, their keys' codes)."""
+    import pyarrow as pa
+
+    rows = keyed.rows_of(intervals, batch.num_intervals)
+    return rows, pa.array(rows, pa.int64()), keyed.codes[rows]
+
+
+def _checks(batch: DirectBatch, ms: Any, ok: Any, mal: Any, key_bad: list[str | None] | None, rid_bad: Any,
+            ts_null: Any) -> tuple[list[str | None] | None, Any]:
+    """(each row's dead-letter reason, the first failing check as ``prepare_input`` orders them, or None
+    when no row fails; the late flags); ``ok``: the rows with an event time of their own."""
+    import numpy as np
+    import pyarrow as pa
+
+    none = np.zeros(len(ms), dtype=bool)
+    far = none if batch.ahead is None else (ms > sum(batch.ahead)) & ok
+    out = ((ms < MIN_EVENT_MS) | (ms > MAX_EVENT_MS)) & ok
+    late = pa.array(none if batch.late_before is None else (ms < batch.late_before) & ok)
+    if not (mal.any() or key_bad is not None or rid_bad.any() or ts_null.any() or far.any() or out.any()):
+        return None, late
+    now, bound = batch.ahead or (0, 0)
+    return [MALFORMED_REASON if mf else kb if kb is not None else "record without record_id" if rb else
+            "record without timestamp" if tn else range_reason(t_ms) if oo else
+            ahead_reason(t_ms, bound, now) if fa else None
+            for mf, kb, rb, tn, oo, fa, t_ms in zip(mal.tolist(), key_bad or [None] * len(ms),
+                                                    rid_bad.tolist(), ts_null.tolist(), out.tolist(),
+                                                    far.tolist(), ms.tolist(), strict=True)], late
 
 
 def _repeat(text: str, n: int) -> Any:
@@ -450,45 +460,25 @@ def _repeat(text: str, n: int) -> Any:
 
 def _prepared_table(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: Sequence[int]) -> Any:
     """One stream-table file's rows of ``intervals``, prepared as ``input.prepare_input`` does."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    src = batch.source
-    rows = keyed.rows_of(intervals, batch.num_intervals)
-    m = len(rows)
-    take = pa.array(rows, pa.int64())
-    codes = keyed.codes[rows]
+    rows, take, codes = _picked(batch, keyed, intervals)
     col = {c: t.column(c).combine_chunks().take(take) for c in ("record_id", "value", "codec", "timestamp_ms",
                                                                 "commit_id")}
     codec = pc.fill_null(col["codec"].cast(pa.string()), "json")
     ts = col["timestamp_ms"].cast(pa.int64())
     ts_null = ts.is_null().to_numpy(zero_copy_only=False)
-    ms = ts.fill_null(0).to_numpy()
     rid = col["record_id"].cast(pa.string())
     rid_bad = pc.fill_null(pc.equal(rid, ""), True).to_numpy(zero_copy_only=False)
     malformed = pc.fill_null(pc.equal(codec, MALFORMED_CODEC), False).to_numpy(zero_copy_only=False)
-    key_bad = keyed.bad(codes)
-    far = np.zeros(m, dtype=bool) if batch.ahead is None else (ms > sum(batch.ahead)) & ~ts_null
-    out = ((ms < MIN_EVENT_MS) | (ms > MAX_EVENT_MS)) & ~ts_null
-    if malformed.any() or key_bad is not None or rid_bad.any() or ts_null.any() or far.any() or out.any():
-        now, bound = batch.ahead or (0, 0)
-        why = [MALFORMED_REASON if mf else kb if kb is not None else "record without record_id" if rb else
-               "record without timestamp" if tn else range_reason(t_ms) if oo else
-               ahead_reason(t_ms, bound, now) if fa else None
-               for mf, kb, rb, tn, oo, fa, t_ms in zip(malformed.tolist(), key_bad or [None] * m, rid_bad.tolist(),
-                                                       ts_null.tolist(), out.tolist(), far.tolist(), ms.tolist(),
-                                                       strict=True)]
-        bad = pa.array(why, pa.string())
-        position = pc.if_else(bad.is_null(), pa.nulls(m, pa.string()), col["commit_id"].cast(pa.string()))
-    else:
-        bad = pa.nulls(m, pa.string())
-        position = pa.nulls(m, pa.string())
-    late = (np.zeros(m, dtype=bool) if batch.late_before is None else (ms < batch.late_before) & ~ts_null)
+    ms = ts.fill_null(0).to_numpy()
+    why, late = _checks(batch, ms, ~ts_null, malformed, keyed.bad(codes), rid_bad, ts_null)
+    bad = pa.nulls(len(rows), pa.string()) if why is None else pa.array(why, pa.string())
+    position = pc.if_else(bad.is_null(), pa.nulls(len(rows), pa.string()), col["commit_id"].cast(pa.string()))
     return _table(record_id=rid, key=keyed.key(codes), value=col["value"].cast(pa.binary()), codec=codec,
-                  timestamp_ms=ts, stream=_repeat(src.stream, m), position=position,
-                  late=pa.array(late), _bad=bad, interval=pa.array(keyed.ivs_of[codes], pa.int32()),
-                  _m=pa.array(np.zeros(m, dtype=bool)))
+                  timestamp_ms=ts, stream=_repeat(batch.source.stream, len(rows)), position=position,
+                  late=late, _bad=bad, interval=pa.array(keyed.ivs_of[codes], pa.int32()))
 
 
 def _json_values(t: Any, columns: Sequence[str], take: Any) -> Any:

@@ -125,16 +125,15 @@ def _fence(spec: ImageSpec, iv: int, image: Any) -> tuple[Any, bool] | Fenced:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    keys = image.column("key")
-    fence = image.filter(pc.equal(keys, FENCE_KEY)).column("sequencer").to_pylist()
+    fmask = pc.equal(image.column("key"), FENCE_KEY)
+    fences = image.filter(fmask)
+    fence = fences.column("sequencer").to_pylist()
     mine = spec.sequencers[iv]
     if not fence or max(fence) != mine:
         return Fenced(spec.comp.name, max(fence) if fence else None, mine)
     dirty = len(fence) > 1  # a takeover's claim left a second fence row: keep one
     if not dirty and not spec.input_files:
         return image, False
-    fmask = pc.equal(keys, FENCE_KEY)
-    fences = image.filter(fmask)
     kept = fences.slice(pc.index(fences.column("sequencer"), mine).as_py(), 1)
     files = union_payloads(fences.column("state").to_pylist(), spec.input_files)
     kept = kept.set_column(kept.schema.get_field_index("state"), kept.schema.field("state"),
@@ -150,13 +149,9 @@ def _keys_to_run(spec: ImageSpec, image: Any, inp: Input) -> list[str]:
     if spec.wm is not None:
         due = pc.or_kleene(due, pc.less(image.column("next_event_timer_ms"), spec.wm))
     due = pc.fill_null(due, False)
-    run_keys = list(inp.runs)
-    if pc.any(due).as_py():
-        more = sorted(set(py_list(image.column("key").filter(due))) - set(run_keys))  # the key column alone
-        if more:
-            run_keys += more
-            run_keys.sort()  # two sorted runs: merged in one pass
-    return run_keys
+    if not pc.any(due).as_py():
+        return list(inp.runs)
+    return sorted(set(inp.runs).union(py_list(image.column("key").filter(due))))
 
 
 def _holds_pending(image: Any) -> bool:

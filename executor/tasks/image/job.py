@@ -135,9 +135,7 @@ class ImageTasks:
         mark("load_and_user_code")
         dead, late = out.side("dead"), out.side("late")
         counts = _counts(out, dead_letters=len(dead))
-        mins = [s.obs_min for s in out.summaries if s.obs_min is not None]
-        maxs = [s.obs_max for s in out.summaries if s.obs_max is not None]
-        oldest = [s.oldest_ms for s in out.summaries if s.oldest_ms is not None]
+        s = out.summaries
         # the tasks' own dead letters: source positions and original text looked up here
         in_tasks = {r.record_id for r in dead if r.position is None and r.record_id is not None}
         if df is not None and in_tasks:
@@ -149,8 +147,10 @@ class ImageTasks:
                     if r.position is None and r.record_id is not None else r for r in dead]
         return BatchRun(batch=out, counts=counts, dead=side_frame(session, dead, dead=True) if dead else None,
                         late=side_frame(session, late, dead=False) if late else None,
-                        prod_min_ts=out.prod_min_ts(), event_timer_ms=min(oldest, default=None),
-                        obs_min=min(mins) if mins else None, obs_max=max(maxs) if maxs else None)
+                        prod_min_ts=out.prod_min_ts(),
+                        event_timer_ms=min((x.oldest_ms for x in s if x.oldest_ms is not None), default=None),
+                        obs_min=min((x.obs_min for x in s if x.obs_min is not None), default=None),
+                        obs_max=max((x.obs_max for x in s if x.obs_max is not None), default=None))
 
     def checkpoint(self, run: BatchRun[BatchOutput]) -> bool:
         """The tasks wrote the productions as files only: run them again with ``strong``."""
@@ -192,8 +192,7 @@ class ImageTasks:
         from pyspark.sql import functions as F
 
         ivs = [iv for iv, _t in place]
-        key = tuple(ivs)
-        if self._data_cols is None or self._data_cols[0] != key:
+        if self._data_cols is None or self._data_cols[0] != tuple(ivs):
             iv = interval_of_key(self.comp.num_intervals)
             # source positions are shipped for input-level dead letters only
             cols = [F.when(F.col("_bad").isNotNull(), F.col(c)).alias(c) if c == "position" else F.col(c)
@@ -202,7 +201,7 @@ class ImageTasks:
             every = ivs == list(range(self.comp.num_intervals))
             # some intervals are another instance's: its records (and dead letters) are its own
             keep = None if every else F.coalesce(F.col("interval"), F.lit(0)).isin(ivs)
-            self._data_cols = (key, cols, keep)
+            self._data_cols = (tuple(ivs), cols, keep)
         return self._data_cols[1], self._data_cols[2]
 
     def _markers(self, session: Any, place: tuple[tuple[int, int], ...]) -> Any:
@@ -255,15 +254,14 @@ class ImageTasks:
 def _counts(out: BatchOutput, *, dead_letters: int) -> BatchCounts:
     """The batch's counts: its tasks' summaries summed, with every dead letter the tasks returned."""
     s = out.summaries
-    return BatchCounts(
-        records_in=sum(x.records_in for x in s), processed=sum(x.processed for x in s),
-        duplicates=sum(x.duplicates for x in s), late=sum(x.late for x in s), dead_letters=dead_letters,
-        timers_fired=sum(x.fired for x in s), productions=sum(x.n_prods for x in s),
-        keys_written=sum(x.keys_written for x in s), ids_expired=sum(x.ids_expired for x in s),
-        keys_expired=sum(x.keys_expired for x in s),
-        bloom_checked=sum(x.bloom_checked for x in s), bloom_maybe=sum(x.bloom_maybe for x in s),
-        bloom_false_pos=sum(x.bloom_false_pos for x in s), bloom_bytes=sum(x.bloom_bytes for x in s),
-        intervals_run=len(out.intervals()), images_read=sum(x.images_read for x in s))
+    summed = {c: sum(getattr(x, c) for x in s) for c in _SUMMED}
+    return BatchCounts(**summed, dead_letters=dead_letters, timers_fired=sum(x.fired for x in s),
+                       productions=sum(x.n_prods for x in s), intervals_run=len(out.intervals()))
+
+
+#: the counts of BatchCounts that are the same-named counts of the summaries, summed
+_SUMMED = ("records_in", "processed", "duplicates", "late", "keys_written", "ids_expired", "keys_expired",
+           "bloom_checked", "bloom_maybe", "bloom_false_pos", "bloom_bytes", "images_read")
 
 
 @dataclass

@@ -24,8 +24,8 @@ from .direct import BatchReader, DirectBatch, marker_rows
 from .interval import run_interval
 from .spec import ImageSpec
 
-__all__ = ["TaskJob", "image_task_fn", "task_job", "collect", "direct_task_fn", "markers_task_fn", "run_task",
-           "run_intervals", "ClaimBoard", "ClaimError", "claim_board", "claimed_intervals", "drop_board"]
+__all__ = ["TaskJob", "image_task_fn", "task_job", "collect", "run_task", "run_intervals",
+           "ClaimBoard", "ClaimError", "claim_board", "claimed_intervals", "drop_board"]
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,11 @@ def task_job(sc: Any, spec: ImageSpec, place: tuple[tuple[int, int], ...], *, pa
     ivs = [iv for iv, _t in place]
     tasks = tuple(tuple(iv for iv, t in place if t == i) for i in range(partitions))
     board = claim_board(sc.master, ivs)
-    fn = (direct_task_fn(spec, dataclasses.replace(direct, tasks=tasks), board) if direct is not None
-          else markers_task_fn(spec, tasks, board))
+    if direct is not None:  # each task reads its intervals' rows of the batch's files
+        batch = dataclasses.replace(direct, tasks=tasks)
+        fn = _per_task_fn(spec, tasks, lambda: BatchReader(batch).rows_of, board)
+    else:  # no input: each task gets its intervals' marker rows
+        fn = _per_task_fn(spec, tasks, lambda: marker_rows, board)
     return TaskJob(sc.parallelize(range(partitions), partitions).mapPartitionsWithIndex(fn, preservesPartitioning=True),
                    board, tuple(ivs))
 
@@ -84,18 +87,6 @@ def collect(out: Any) -> BatchOutput:
             raise ClaimError(f"the tasks that claimed their intervals returned summaries of intervals {got}, "
                              f"expected each of {list(out.intervals)} once (nothing was committed)")
     return BatchOutput(summaries)
-
-
-def direct_task_fn(spec: ImageSpec, batch: DirectBatch,
-                   board: ClaimBoard | None = None) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
-    """The task function of a batch whose tasks read its intervals' rows of the batch's files."""
-    return _per_task_fn(spec, batch.tasks, lambda: BatchReader(batch).rows_of, board)
-
-
-def markers_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
-                    board: ClaimBoard | None = None) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
-    """The task function of a batch without input: each task gets its intervals' marker rows."""
-    return _per_task_fn(spec, tasks, lambda: marker_rows, board)
 
 
 def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
@@ -190,14 +181,12 @@ def _dead_letters(data: Any) -> tuple[Any, list[SideRecord], tuple[int | None, i
     if not data.num_rows:
         return data, [], (None, None)
     bad = pc.is_valid(data.column("_bad"))
-    any_bad = pc.any(bad).as_py()
-    ts = data.column("timestamp_ms")
-    mm = pc.min_max(ts.filter(pc.invert(bad)) if any_bad else ts)
-    if not any_bad:
-        return data, [], (mm["min"].as_py(), mm["max"].as_py())
-    side = [SideRecord.of_input("dead", r, r["key"], r["_bad"]) for r in data.filter(bad).to_pylist()]
-    return data.filter(pc.invert(bad)), side, (mm["min"].as_py(), mm["max"].as_py())
-
+    side = []
+    if pc.any(bad).as_py():
+        side = [SideRecord.of_input("dead", r, r["key"], r["_bad"]) for r in data.filter(bad).to_pylist()]
+        data = data.filter(pc.invert(bad))
+    mm = pc.min_max(data.column("timestamp_ms"))
+    return data, side, (mm["min"].as_py(), mm["max"].as_py())
 
 
 class ClaimError(RuntimeError):

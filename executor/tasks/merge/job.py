@@ -13,13 +13,12 @@ from ..input import interval_of_key, original_text, prepare_input, with_original
 from ..job import BatchCounts, BatchRun, Prepared, task_failure
 from .task import OUT_DDL, task_fn
 
-__all__ = ["MergeTasks", "run_in_tasks", "productions_frame", "dead_letter_frame", "routed_frame"]
+__all__ = ["MergeTasks", "run_in_tasks"]
 
 
 def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any | None, *,
                  intervals: Sequence[int], input_watermark_ms: int | None, record_watermark_ms: int | None,
-                 now_ms: int,
-                 dedup_horizon_ms: int | None, partitions: int, sequencers: dict[int, int],
+                 now_ms: int, dedup_horizon_ms: int | None, partitions: int, sequencers: dict[int, int],
                  commit_id: str) -> Any:
     """Join input with the rows it needs and run user code per key in tasks (lazy DataFrame)."""
     from pyspark.sql import functions as F
@@ -53,25 +52,12 @@ def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any |
                  wm_late=record_watermark_ms)
     return joined.repartition(partitions, "interval").mapInArrow(fn, schema)
 
-def productions_frame(out: Any) -> Any:
-    """The productions the tasks made (one row each, from the ``new_prods`` column of ``out``)."""
+
+def _exploded(out: Any, column: str) -> Any:
+    """One row per element of the tasks' list column ``column`` (productions, dead letters, ...)."""
     from pyspark.sql import functions as F
 
-    return out.select(F.explode("new_prods").alias("p")).select("p.*")
-
-
-def dead_letter_frame(out: Any) -> Any:
-    """The dead letters the tasks produced (one row each, from the ``dead`` column of ``out``)."""
-    from pyspark.sql import functions as F
-
-    return out.select(F.explode("dead").alias("d")).select("d.*")
-
-
-def routed_frame(out: Any) -> Any:
-    """The late records the tasks routed to the late-data table (``LatePolicy.ROUTE``)."""
-    from pyspark.sql import functions as F
-
-    return out.select(F.explode("routed").alias("r")).select("r.*")
+    return out.select(F.explode(column).alias("x")).select("x.*")
 
 
 class MergeTasks:
@@ -122,15 +108,14 @@ class MergeTasks:
         comp, owner = self.comp, self.path.owner
         out = run_in_tasks(self.spark, self.layout, comp, prepared.input, intervals=owner.intervals,
                            input_watermark_ms=wm_in, record_watermark_ms=wm_late, now_ms=now,
-                           dedup_horizon_ms=horizon,
-                           partitions=self.partitions, sequencers=owner.sequencers, commit_id=commit_id)
+                           dedup_horizon_ms=horizon, partitions=self.partitions, sequencers=owner.sequencers,
+                           commit_id=commit_id)
         try:
             out = out.localCheckpoint(eager=True)
         except Exception as exc:
             raise task_failure(exc, comp.name, batch_id) from exc
         stats = out.agg(*[F.sum(c).alias(c) for c in ("processed", "duplicates", "fired", "late", "n_prods",
-                                                       "n_dead", "n_routed", "ids_expired",
-                                                       "keys_expired")],
+                                                       "n_dead", "n_routed", "ids_expired", "keys_expired")],
                         F.sum(F.when(F.col("_op") != "none", 1).otherwise(0)).alias("written"),
                         F.min(F.when(F.col("_op") != "delete", F.col("next_event_timer_ms"))).alias("event_timer")
                         ).collect()[0]
@@ -140,12 +125,13 @@ class MergeTasks:
                              late=st["late"], dead_letters=st["n_dead"] + prepared.dead_in, timers_fired=st["fired"],
                              productions=st["n_prods"], keys_written=st["written"], ids_expired=st["ids_expired"],
                              keys_expired=st["keys_expired"])
-        batch = MergeBatch(out.where(F.col("_op") != "none"), productions_frame(out), st["written"], st["n_prods"])
-        dead = dead_letter_frame(out) if st["n_dead"] else None
+        batch = MergeBatch(out.where(F.col("_op") != "none"), _exploded(out, "new_prods"), st["written"],
+                           st["n_prods"])
+        dead = _exploded(out, "dead") if st["n_dead"] else None
         if dead is not None and prepared.raw is not None:
             dead = with_original_text(dead, prepared.raw)
         return BatchRun(batch=batch, counts=counts, dead=dead,
-                        late=routed_frame(out) if st["n_routed"] else None,
+                        late=_exploded(out, "routed") if st["n_routed"] else None,
                         event_timer_ms=stats["event_timer"], obs_min=prepared.obs_min,
                         obs_max=prepared.obs_max)
 

@@ -9,6 +9,7 @@ from deltawheel.statestore.rowtable.rows import DOMAIN_VALUES, TimeDomain
 
 from ...computation import ColumnResult, Computation
 from ...exceptions import UserCodeError
+from .columns import value_ranks
 
 __all__ = ["LateFirst", "with_late_first", "packed_pairs", "old_columns", "per_key", "sorted_timers", "same_rows",
            "check_result"]
@@ -34,19 +35,16 @@ def with_late_first(state: Any, timers: Any, pre: dict[str, LateFirst]) -> tuple
 
     gone = pa.array(sorted(pre), pa.string())
     codec = get_codec("int64map")
-    s_rows = [(k, mk, mv) for k, p in pre.items() if p.state is not None for mk, mv in codec.decode(p.state).items()]
-    t_rows = [(k, tm.tag, tm.time_ms) for k, p in pre.items() for tm in p.timers]
-    s_new = pa.table({"key": pa.array([r[0] for r in s_rows], pa.string()),
-                      "map_key": pa.array([r[1] for r in s_rows], pa.int64()),
-                      "map_value": pa.array([r[2] for r in s_rows], pa.int64())})
-    t_new = pa.table({"key": pa.array([r[0] for r in t_rows], pa.string()),
-                      "tag": pa.array([r[1] for r in t_rows], pa.string()),
-                      "time_ms": pa.array([r[2] for r in t_rows], pa.int64())})
+    s_new = pa.Table.from_pylist([{"key": k, "map_key": mk, "map_value": mv} for k, p in pre.items()
+                                  if p.state is not None for mk, mv in codec.decode(p.state).items()],
+                                 schema=state.schema)
+    t_new = pa.Table.from_pylist([{"key": k, "tag": tm.tag, "time_ms": tm.time_ms} for k, p in pre.items()
+                                  for tm in p.timers], schema=timers.schema)
     state = pa.concat_tables([state.filter(pc.invert(pc.is_in(state.column("key"), value_set=gone))),
-                              s_new.cast(state.schema)]).sort_by([("key", "ascending"), ("map_key", "ascending")])
+                              s_new]).sort_by([("key", "ascending"), ("map_key", "ascending")])
     timers = pa.concat_tables([timers.filter(pc.invert(pc.is_in(timers.column("key"), value_set=gone))),
-                               t_new.cast(timers.schema)]).sort_by([("key", "ascending"), ("time_ms", "ascending"),
-                                                                    ("tag", "ascending")])
+                               t_new]).sort_by([("key", "ascending"), ("time_ms", "ascending"),
+                                                ("tag", "ascending")])
     return state, timers
 
 
@@ -100,11 +98,7 @@ def sorted_timers(timers: Any, karr: Any) -> tuple[Any, Any]:
         tm = timers.sort_by(order)
         return tm, pc.index_in(tm.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
     rows = pc.index_in(timers.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
-    enc = pc.dictionary_encode(timers.column("tag")).combine_chunks()
-    by_name = pc.sort_indices(enc.dictionary).to_numpy()
-    rank = np.empty(len(by_name), dtype=np.int64)
-    rank[by_name] = np.arange(len(by_name), dtype=np.int64)
-    by = np.lexsort((rank[enc.indices.to_numpy()], timers.column("time_ms").to_numpy(), rows))
+    by = np.lexsort((value_ranks(timers.column("tag"))[0], timers.column("time_ms").to_numpy(), rows))
     return timers.take(pa.array(by)), rows[by]
 
 

@@ -80,14 +80,7 @@ class ColumnarLoop:
         self.strong = strong
         self.per_key = KeyLoop(comp, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong)
         self.rows = _Rows(self.per_key)
-        self.columnar_keys = 0  # keys the columnar call ran
-        self._unchanged: list[str] = []
-        self._id_keys: list[str] = []
-        self._id_values: list[str] = []
-        self._counts = [0, 0, 0, 0]  # processed, duplicates, fired, written
-        self._all_ran = True
         self._pre: dict[str, LateFirst] = {}
-        self._late = 0
         self._ptable: Any = None  # the columnar keys' productions (``production_table``), in key order
         self._n_prods: Any = None  # per columnar key, how many
         self.unchanged: list[str] = []
@@ -104,19 +97,19 @@ class ColumnarLoop:
 
         self._run(touched, inp, old, seen)
         k = self.per_key
-        self.unchanged = k.unchanged + self._unchanged
+        self.unchanged = k.unchanged + self.unchanged
         mine = self._ptable
         self.prod_table = (production_table(k.prods) if mine is None else
                            mine if not k.prods else pa.concat_tables([production_table(k.prods), mine]))
         self.side = k.side
-        self.all_ran = k.all_ran and self._all_ran
-        self.id_keys = k.id_keys + self._id_keys
-        self.id_values = k.id_values + self._id_values
-        self.processed = k.processed + self._counts[0]
-        self.duplicates = k.duplicates + self._counts[1]
-        self.fired = k.fired + self._counts[2]
-        self.written = k.written + self._counts[3]
-        self.late = k.late + self._late
+        self.all_ran = k.all_ran and self.all_ran
+        self.id_keys = k.id_keys + self.id_keys
+        self.id_values = k.id_values + self.id_values
+        self.processed += k.processed
+        self.duplicates += k.duplicates
+        self.fired += k.fired
+        self.written += k.written
+        self.late += k.late
         self.keys_expired = k.keys_expired
 
     def _run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None) -> None:
@@ -144,13 +137,12 @@ class ColumnarLoop:
         packed = packed_pairs(sub, slow)  # the other keys' state as pairs (decoded once)
         if packed is None:  # some state that is not packed pairs: the whole interval per key
             slow = set(touched)
-            self._pre, self._late = {}, 0
+            self._pre, self.late = {}, 0
         if slow:
             self.per_key.run([k for k in touched if k in slow], inp, old, seen)
         keys = [k for k in touched if k not in slow]
         if not keys:
             return
-        self.columnar_keys = len(keys)
         karr = pa.array(keys, pa.string())
         take = pc.is_in(t.column("key"), value_set=karr) if slow else None
         if late is not None:  # those ran per record (``_late_first``)
@@ -158,22 +150,21 @@ class ColumnarLoop:
         if seen is not None:
             fresh_mask = pa.array(~np.asarray(seen, dtype=bool))
             take = fresh_mask if take is None else pc.and_(take, fresh_mask)
-            self._counts[1] = int(np.asarray(seen, dtype=bool)[
+            self.duplicates = int(np.asarray(seen, dtype=bool)[
                 np.asarray(pc.is_in(t.column("key"), value_set=karr).to_numpy(zero_copy_only=False), dtype=bool)].sum())
         recs = t if take is None else t.filter(take)
         records = pa.table({"key": recs.column("key"), "timestamp_ms": recs.column("timestamp_ms"),
                             "record_id": recs.column("record_id"),
                             "stream": pc.fill_null(recs.column("stream"), "")})
-        self._counts[0] = records.num_rows
-        self._all_ran = seen is None
         pre = self._pre
-        self._counts[0] += sum(len(p.fresh) for p in pre.values())
-        if not (self.per_key.all_ran and self._all_ran):
-            self._id_keys = py_list(records.column("key"))
-            self._id_values = py_list(records.column("record_id"))
+        self.processed = records.num_rows + sum(len(p.fresh) for p in pre.values())
+        self.all_ran = seen is None
+        if not (self.per_key.all_ran and self.all_ran):
+            self.id_keys = py_list(records.column("key"))
+            self.id_values = py_list(records.column("record_id"))
             for key, p in pre.items():
-                self._id_keys += [key] * len(p.fresh)
-                self._id_values += p.fresh
+                self.id_keys += [key] * len(p.fresh)
+                self.id_values += p.fresh
         mine = sub.filter(pc.is_in(sub.column("key"), value_set=karr)) if slow else sub
         state, timers = old_columns(mine, packed)
         if pre:  # the state and timers the late records left
@@ -226,7 +217,7 @@ class ColumnarLoop:
                 out.add(key)
                 continue
             self._pre[key] = LateFirst(fresh=fresh, late=n_late, state=state, timers=timers, seq=seq or 0, prods=prods)
-            self._late += n_late
+            self.late += n_late
         return out
 
     def _finish(self, keys: list[str], karr: Any, records: Any, mine: Any, out: ColumnResult) -> None:
@@ -296,9 +287,9 @@ class ColumnarLoop:
         if maybe_same.any():  # keys that ran nothing: the same state and timers as before?
             changed |= maybe_same & ~same_rows(mine, old_at, blobs, tm, offsets, maybe_same)
         write = ~empty & changed
-        self._counts[2] = int(n_fired.sum())
-        self._counts[3] = int((write | (empty & ~is_new)).sum())
-        self._unchanged = [keys[i] for i in np.flatnonzero(~empty & ~changed).tolist()]
+        self.fired = int(n_fired.sum())
+        self.written = int((write | (empty & ~is_new)).sum())
+        self.unchanged = [keys[i] for i in np.flatnonzero(~empty & ~changed).tolist()]
         rows = np.flatnonzero(write)
         if not len(rows):
             return

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import cached_property
 from itertools import accumulate, chain, repeat
 from operator import is_
-from typing import Any
+from typing import Any, cast
 
 from deltawheel.statestore.rowtable.rows import (
     DOMAIN_VALUES,
@@ -19,7 +19,7 @@ from deltawheel.statestore.writepath.image.idhash import id_hashes
 
 from ...computation import Record, new_record
 
-__all__ = ["Input", "OldRows", "NewRows", "py_list", "constant_or_list", "sort_records"]
+__all__ = ["Input", "OldRows", "NewRows", "py_list", "constant_or_list", "sort_records", "value_ranks"]
 
 _EVENT = TimeDomain.EVENT_TIME
 _PROCESSING = TimeDomain.PROCESSING_TIME
@@ -33,20 +33,18 @@ def py_list(arr: Any) -> list[Any]:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     t = arr.type
-    if not (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t) or pa.types.is_string(t)
-            or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)):
-        values: list[Any] = arr.to_pylist()  # pyarrow's methods are unannotated
-        return values
-    if arr.null_count and not (pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
-                               or pa.types.is_large_binary(t)):
+    text = (pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
+            or pa.types.is_large_binary(t))
+    if not (text or pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t)):
+        return cast("list[Any]", arr.to_pylist())  # pyarrow's methods are unannotated
+    if arr.null_count and not text:
         vals = pc.fill_null(arr, pa.scalar(0 if not pa.types.is_boolean(t) else False, t))
         valid = pc.is_valid(arr).to_numpy(zero_copy_only=False).tolist()
         return [v if ok else None for v, ok in zip(vals.to_numpy(zero_copy_only=False).tolist(), valid, strict=True)]
-    values = arr.to_numpy(zero_copy_only=False).tolist()
-    return values
+    return cast("list[Any]", arr.to_numpy(zero_copy_only=False).tolist())
 
 
-def constant_or_list(col: Any, n: int) -> Any:
+def constant_or_list(col: Any, n: int) -> list[Any]:
     """The column ``col`` (``n`` rows) as a Python list; a repeated value when it holds only one."""
     import pyarrow.compute as pc
 
@@ -62,7 +60,6 @@ _TASK_COLUMNS = ("_bad", "_m", "interval")
 
 def sort_records(recs: Any) -> Any:
     """``recs`` sorted by (key, event time, record id), without the task's own columns."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -73,16 +70,25 @@ def sort_records(recs: Any) -> Any:
         return recs.sort_by(order)
     t = ts.to_numpy()
     lo = int(t.min())
-    enc = pc.dictionary_encode(keys).combine_chunks()
-    if int(t.max()) - lo >= 1 << 40 or len(enc.dictionary) >= 1 << 22:
+    ranks, distinct = value_ranks(keys)
+    if int(t.max()) - lo >= 1 << 40 or distinct >= 1 << 22:
         return recs.sort_by(order)
-    by_name = pc.sort_indices(enc.dictionary).to_numpy()
-    rank = np.empty(len(by_name), dtype=np.int64)
-    rank[by_name] = np.arange(len(by_name), dtype=np.int64)
-    packed = (rank[enc.indices.to_numpy()] << 40) | (t - lo)
+    packed = (ranks << 40) | (t - lo)
     idx = pc.sort_indices(pa.table({"k": packed, "r": recs.column("record_id")}),
                           sort_keys=[("k", "ascending"), ("r", "ascending")])
     return recs.take(idx)
+
+
+def value_ranks(col: Any) -> tuple[Any, int]:
+    """(each value's place among ``col``'s distinct values in sorted order, as numpy int64; how many)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    enc = pc.dictionary_encode(col).combine_chunks()
+    by_name = pc.sort_indices(enc.dictionary).to_numpy()
+    rank = np.empty(len(by_name), dtype=np.int64)
+    rank[by_name] = np.arange(len(by_name), dtype=np.int64)
+    return rank[enc.indices.to_numpy()], len(by_name)
 
 
 class Input:
@@ -134,8 +140,7 @@ class Input:
     @cached_property
     def codecs(self) -> list[str | None]:
         """The values' codecs."""
-        n = self.table.num_rows
-        return constant_or_list(self.table.column("codec"), n) if n else []
+        return constant_or_list(self.table.column("codec"), self.n)
 
     @cached_property
     def ts(self) -> list[int]:
@@ -147,8 +152,7 @@ class Input:
         """The records' streams."""
         import pyarrow.compute as pc
 
-        n = self.table.num_rows
-        return constant_or_list(pc.fill_null(self.table.column("stream"), ""), n) if n else []
+        return constant_or_list(pc.fill_null(self.table.column("stream"), ""), self.n)
 
     @cached_property
     def late(self) -> list[bool]:
@@ -186,8 +190,7 @@ class Input:
     def records(self) -> list[Record]:
         """Every record (no values to decode), built at once in C; a key's are a slice."""
         if self._records is None:
-            self._records = list(map(new_record, zip(self.keys, repeat(None), self.ts, self.ids, self.streams,
-                                                     self.late)))
+            self._records = self._built(self.table)
         return self._records
 
 
@@ -212,12 +215,12 @@ class OldRows:
     @cached_property
     def codecs(self) -> list[str | None]:
         """The codec column: a state version older than the computation's is upgraded when run."""
-        return constant_or_list(self.sub.column("codec"), self.n) if self.n else []
+        return constant_or_list(self.sub.column("codec"), self.n)
 
     @cached_property
     def holds(self) -> list[int | None]:
         """The rows' watermark holds."""
-        return constant_or_list(self.sub.column("watermark_hold_ms"), self.n) if self.n else []
+        return constant_or_list(self.sub.column("watermark_hold_ms"), self.n)
 
     @cached_property
     def seqs(self) -> list[int]:

@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 from ...computation import Computation, Record
 from ...exceptions import UserCodeError
+from .columns import py_list
 
 __all__ = ["COLUMNS", "records_table", "combined_rows", "late_prefix"]
 
@@ -19,11 +20,7 @@ def late_prefix(late: Sequence[bool]) -> int:
     >>> late_prefix([True, True, False]), late_prefix([False, False]), late_prefix([False, True])
     (2, 0, -1)
     """
-    n = 0
-    for flag in late:
-        if not flag:
-            break
-        n += 1
+    n = next((i for i, flag in enumerate(late) if not flag), len(late))
     return -1 if any(late[n:]) else n
 
 
@@ -62,7 +59,7 @@ def combined_rows(comp: Computation, table: Any, keys: Sequence[str]) -> dict[st
         return rows
     out = out.take(pc.sort_indices(out.column("key")))  # a stable sort: each key's rows keep their order
     names = [c for c in out.column_names if c != "key"]
-    cols = [_py(out.column(c)) for c in names]
+    cols = [py_list(out.column(c)) for c in names]
     flat = list(zip(*cols, strict=True)) if cols else [()] * out.num_rows
     ree = pc.run_end_encode(out.column("key").combine_chunks())
     start = 0
@@ -71,15 +68,3 @@ def combined_rows(comp: Computation, table: Any, keys: Sequence[str]) -> dict[st
         start = end
     return rows
 
-
-def _py(col: Any) -> list[Any]:
-    """An Arrow column as a Python list: through NumPy for numbers without nulls (10x faster)."""
-    import pyarrow as pa
-
-    arr = col.combine_chunks()
-    t = arr.type
-    if not arr.null_count and (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
-        values: list[Any] = arr.to_numpy(zero_copy_only=False).tolist()
-        return values
-    values = arr.to_pylist()
-    return values

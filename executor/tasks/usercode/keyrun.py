@@ -26,8 +26,8 @@ from ...context import TTL_TAG, Context, TimerCause
 from ...exceptions import StateUpgradeError, UserCodeError
 from .combine import combined_rows, late_prefix, records_table
 
-__all__ = ["AS_INPUT", "SameAsInput", "KeyOutcome", "run_key", "run_user_code", "UserCode", "codec_of", "UserCodeError", "MAX_TIMER_ROUNDS",
-           "first_timer_seq", "first_timer_seqs", "state_codec_of"]
+__all__ = ["AS_INPUT", "SameAsInput", "KeyOutcome", "run_key", "UserCode", "codec_of", "UserCodeError",
+           "MAX_TIMER_ROUNDS", "first_timer_seq", "first_timer_seqs", "state_codec_of"]
 
 MAX_TIMER_ROUNDS = 10_000
 
@@ -40,6 +40,8 @@ class SameAsInput(Enum):
 
 #: ``record_watermark_ms`` default: records run under the input watermark itself.
 AS_INPUT = SameAsInput.AS_INPUT
+#: (ids run, duplicates, late, dead letters) of a key's records
+_RecordsRan = tuple[list[str], int, int, list[tuple[Record, str]]]
 
 
 class KeyOutcome(NamedTuple):
@@ -76,11 +78,10 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     exactly_once = comp.exactly_once
     horizon = _NEVER if dedup_horizon_ms is None else dedup_horizon_ms
     seen = {s.record_id for s in row.record_ids if s.seen_ms >= horizon} if (row and exactly_once) else set()
-    ran = run_user_code(comp, ctx, records if presorted else sorted(records, key=_ORDER),
-                        seen=seen if exactly_once else None, input_watermark_ms=input_watermark_ms,
-                        now_ms=now_ms, fire_timers=fire_timers, record_watermark_ms=record_watermark_ms)
-    fresh, dups, late, dead, fired = ran
-    produced = ctx.productions
+    user = UserCode(comp, input_watermark_ms=input_watermark_ms, now_ms=now_ms, fire_timers=fire_timers,
+                    record_watermark_ms=record_watermark_ms)
+    fresh, dups, late, dead, fired = user.run(ctx, records if presorted else sorted(records, key=_ORDER),
+                                              seen if exactly_once else None)
     # Phase 4: the new row image.
     old_ids = row.record_ids if row else ()
     if not exactly_once or ctx.expired:
@@ -93,7 +94,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     if dedup_horizon_ms is not None and ids:
         kept = tuple(s for s in ids if s.seen_ms >= dedup_horizon_ms)
         expired, ids = len(ids) - len(kept), kept
-    prods = tuple(produced)
+    prods = tuple(ctx.productions)
     strong = comp.strong_productions if strong is None else strong
     pending = (row.pending if row else ()) + (prods if strong else ())
     state = ctx.encoded_state()
@@ -127,24 +128,6 @@ def state_codec_of(comp: Computation) -> str:
     return codec_of(comp).name if version == 1 else versioned_name(codec_of(comp).name, version)
 
 
-class Ran(NamedTuple):
-    """What user code did for one key in one batch (phases 1-3 of :func:`run_key`)."""
-
-    fresh: list[str]  # ids of the records run, in order (dead-lettered ones included: never retried)
-    duplicates: int
-    late: int
-    dead_letters: list[tuple[Record, str]]
-    timers_fired: int
-
-
-def run_user_code(comp: Computation, ctx: Context, records: Sequence[Record], *, seen: set[str] | None,
-                  input_watermark_ms: int | None, now_ms: int, fire_timers: bool = True,
-                  record_watermark_ms: int | None | SameAsInput = AS_INPUT) -> Ran:
-    """Phases 1-3 for one key (see :class:`UserCode`)."""
-    return Ran(*UserCode(comp, input_watermark_ms=input_watermark_ms, now_ms=now_ms, fire_timers=fire_timers,
-                         record_watermark_ms=record_watermark_ms).run(ctx, records, seen))
-
-
 class UserCode:
     """Phases 1-3 for the keys of one batch: the one implementation of user-code semantics."""
 
@@ -171,7 +154,8 @@ class UserCode:
 
     def run(self, ctx: Context, records: Sequence[Record], seen: set[str] | None,
             combined: list[tuple[Any, ...]] | None = None) -> tuple[list[str], int, int, list[tuple[Record, str]], int]:
-        """The fields of :class:`Ran` for one key; ``combined``: its rows of ``combine`` (vectorised path)."""
+        """(ids run, duplicates, late, dead letters, timers fired) for one key; ``combined``: its rows of
+        ``combine`` (vectorised path). The ids run include dead-lettered ones: never retried."""
         comp = self.comp
         dups = late = 0
         dead: list[tuple[Record, str]] = []
@@ -180,7 +164,8 @@ class UserCode:
         if ctx.needs_upgrade():
             err = self._upgrade(ctx)
             if err is not None:  # dead-letter policy: the key's records go, its row stays as it was
-                return self._dead_key(ctx, records, seen, err)
+                todo, dups = _unseen(records, seen)
+                return list(map(_RECORD_ID, todo)), dups, sum(map(_LATE, todo)), [(r, err) for r in todo], 0
         if combined is not None or self.per_key_combine:
             fresh, dups, late, dead = self._run_combined(ctx, records, seen, combined)
         elif self.batch:
@@ -271,14 +256,7 @@ class UserCode:
         ctx.set_upgraded(new)
         return None
 
-    def _dead_key(self, ctx: Context, records: Sequence[Record], seen: set[str] | None,
-                  err: str) -> tuple[list[str], int, int, list[tuple[Record, str]], int]:
-        """The key's state cannot be read: its new records are dead letters with ``err``."""
-        todo, dups = _unseen(records, seen)
-        return list(map(_RECORD_ID, todo)), dups, sum(map(_LATE, todo)), [(r, err) for r in todo], 0
-
-    def _run_each(self, ctx: Context, records: Sequence[Record],
-                  seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
+    def _run_each(self, ctx: Context, records: Sequence[Record], seen: set[str] | None) -> _RecordsRan:
         """``process_record`` per record, with dedup and / or the dead-letter policy."""
         comp = self.comp
         process = comp.process_record
@@ -304,7 +282,7 @@ class UserCode:
         return fresh, dups, late, dead
 
     def _run_combined(self, ctx: Context, records: Sequence[Record], seen: set[str] | None,
-                      rows: list[tuple[Any, ...]] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
+                      rows: list[tuple[Any, ...]] | None) -> _RecordsRan:
         """The vectorised path: one ``process_combined`` call with the key's ``rows`` (None: combine here)."""
         comp = self.comp
         todo, dups = _unseen(records, seen)
@@ -336,8 +314,7 @@ class UserCode:
                                 exc) from exc
         return fresh, dups, late, dead
 
-    def _run_batch(self, ctx: Context, records: Sequence[Record],
-                   seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
+    def _run_batch(self, ctx: Context, records: Sequence[Record], seen: set[str] | None) -> _RecordsRan:
         """``process_records``: one call with the key's new records (none: no call)."""
         comp = self.comp
         unseen, dups = _unseen(records, seen)

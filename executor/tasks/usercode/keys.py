@@ -45,7 +45,6 @@ class KeyLoop:
         wm, now = self.wm, self.now_ms
         exactly_once = comp.exactly_once
         repeats = exactly_once and inp.repeats
-        keep_ids = exactly_once
         if seen is not None or repeats:
             self.all_ran = False
         add = self.rows.rows.append
@@ -69,10 +68,8 @@ class KeyLoop:
         processed = duplicates = late = fired = written = expired = 0
         for key in touched:
             j = index(key)
-            if j is None:
-                ctx = new_ctx(key, None, {}, None, None, None)
-            else:
-                ctx = new_ctx(key, states[j], old_timers(j), holds[j], seqs[j], codecs[j])
+            ctx = (new_ctx(key, None, {}, None, None, None) if j is None else
+                   new_ctx(key, states[j], old_timers(j), holds[j], seqs[j], codecs[j]))
             lo, hi = runs(key, _NO_RUN)
             if every is not None:
                 records, n_seen = every[lo:hi], 0
@@ -95,7 +92,7 @@ class KeyLoop:
             state, timers, new_hold, seq, codec, prods = ctx.outcome()
             if prods:
                 all_prods.extend(prods)
-            if keep_ids and fresh and not self.all_ran:
+            if exactly_once and fresh and not self.all_ran:
                 self.id_keys += [key] * len(fresh)
                 self.id_values += fresh
             seq = seq or 0  # set by the run (a new key: seeded)

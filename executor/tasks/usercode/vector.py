@@ -67,6 +67,4 @@ def interval_combined(comp: Computation, inp: Any, touched: list[str], seen: lis
             keys.append(key)
             picked += recs[n:]
     table = records_table(picked) if keys else None
-    if table is None:
-        return None, read
-    return combined_rows(comp, table, keys), read
+    return (None if table is None else combined_rows(comp, table, keys)), read

@@ -98,8 +98,8 @@ class ContinuousRun:
         return {n: s.ex for n, s in self.stages.items() if s.ex is not None}
 
     def start(self) -> ContinuousRun:
-        """Create the stream tables read, start every executor and query (upstream first), then the ticks.
-        On a failure, what started is stopped and the leases are given back before it is raised."""
+        """Create the stream tables read, start the executors, queries (upstream first) and ticks.
+        On a failure, what started is stopped and its leases given back before it is raised."""
         # Python workers forked now, while ZooKeeper, the leases and the queries' start take their time
         _worker.warm_workers(self.spark, on_error=lambda e: self._log(
             f"warming the Python workers failed (the tasks start them instead): {e!r}"))
@@ -145,8 +145,7 @@ class ContinuousRun:
                                        + "; the same command again resumes it from its checkpoint")
 
     def await_termination(self, timeout_s: float | None = None) -> bool:
-        """Wait until the run is stopped (by :meth:`stop`, from another thread) or a query failed
-        (raised: :meth:`check`); False after ``timeout_s`` with the run still going."""
+        """Until the run is stopped or a query fails (raised by :meth:`check`); False after ``timeout_s``."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self._stopped is None:
             self.check()
@@ -210,12 +209,12 @@ class ContinuousRun:
 
     def summary(self) -> RunSummary:
         """Per computation its batch reports (this run's), published low watermark and lag."""
-        return RunSummary.of({n: list(s.ex.reports) if s.ex is not None else [] for n, s in self.stages.items()},
-                             self.wiring.authority)
+        reports = {n: list(s.ex.reports) if s.ex is not None else [] for n, s in self.stages.items()}
+        return RunSummary.of(reports, self.wiring.authority)
 
     def _shutdown(self, *, timeout_s: float) -> list[str]:
-        """The ticks end, every query stops after its batch in flight (each waited for at most
-        ``timeout_s``), every executor settles and gives its leases back; returns the queries still running."""
+        """End the ticks, stop every query after its batch in flight (waiting at most ``timeout_s``) and
+        every executor; returns the queries still running."""
         if self._ticker is not None:
             self._ticker.join()
         if self._sharing is not None:
@@ -244,8 +243,7 @@ class ContinuousRun:
 
     @staticmethod
     def _stop_query(stage: Stage, deadline: float) -> None:
-        """Wait for the batch in flight to end, then stop the query: Spark's stop cancels the jobs of a
-        running batch; a batch Spark begins meanwhile is refused."""
+        """Stop the query once the batch in flight ended (Spark's stop would cancel its jobs)."""
         held = stage.lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
         try:
             await_commit_log(stage.query, stage.done_batch, deadline)
@@ -378,5 +376,5 @@ class ContinuousRun:
             retake = None if sharing is None else functools.partial(
                 sharing.retake, stage.comp, stage.checkpoint, caps=dict.fromkeys(stage.next_caps))
             stage.ex = hand_over(stage.ex, self.wiring.client, self.pipeline.name, stage.comp.name,
-                                 wait=self._handover.wait, stopping=self._stopping, wait_s=self.wait_s, log=self._log,
-                                 retake=retake)
+                                 wait=self._handover.wait, stopping=self._stopping, wait_s=self.wait_s,
+                                 log=self._log, retake=retake)

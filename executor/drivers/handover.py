@@ -1,6 +1,5 @@
-"""A running stage's side of a tool's hand-over request (``statestore/zk/handover.py``): the stage
-gives its intervals back at its next batch boundary. While SUSPENDED no watch fires and the stage
-keeps what it holds; kazoo sets the watches again on reconnect."""
+"""A running stage's side of a tool's hand-over request (``statestore/zk/handover.py``): it gives its
+intervals back at its next batch boundary."""
 
 from __future__ import annotations
 
@@ -51,8 +50,9 @@ class HandoverWatch:
 
 
 def hand_over(ex: ComputationExecutor | None, client: Any, pipeline: str, computation: str, *,
-              wait: Callable[[float], object], stopping: threading.Event, wait_s: float, log: Callable[[str], None],
-              retake: Callable[[], ComputationExecutor | None] | None = None) -> ComputationExecutor | None:
+              wait: Callable[[float], object], stopping: threading.Event, wait_s: float,
+              log: Callable[[str], None], retake: Callable[[], ComputationExecutor | None] | None = None
+              ) -> ComputationExecutor | None:
     """Between batches: give the leases a tool asked for back, ``wait`` (at most its argument, in
     seconds) until its request goes, retake them; returns the executor to go on with.
 

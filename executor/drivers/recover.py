@@ -1,5 +1,5 @@
-"""Recovery without the pipeline (``deltawheel recover``): deliver undelivered checkpointed productions.
-A redelivery is idempotent: after a lost session the next owner delivers what this one did not."""
+"""Recovery without the pipeline (``deltawheel recover``): deliver undelivered checkpointed productions
+(idempotent: after a lost session the next owner delivers what this one did not)."""
 
 from __future__ import annotations
 

@@ -205,7 +205,8 @@ class PipelineRunner:
         a tool asked for; give back, once the delivery settled, those assigned elsewhere."""
         assert self._sharing is not None
         client = self._wiring.client
-        want = set(target(client, self.pipeline.name, comp.name, type(comp).num_intervals).get(str(self.instance), ()))
+        shares = target(client, self.pipeline.name, comp.name, type(comp).num_intervals)
+        want = set(shares.get(str(self.instance), ()))
         asked = read_handover(client, self.pipeline.name, comp.name)  # a tool's (promote, repair): give back
         want -= set(asked.intervals) if asked is not None else set()
         ex = execs.get(comp.name)
@@ -214,8 +215,8 @@ class PipelineRunner:
                   if r["computation"] == comp.name}
         new = (held & want) | {iv for iv in want - held if owners.get(iv) is None}
         if new != held:
-            execs[comp.name] = self._sharing.move(comp, ex, new, start=lambda ivs: self._start(comp, ivs, wait_s=0.0),
-                                                  stopped=lambda old: self._retire(old, execs))
+            execs[comp.name] = self._sharing.move(comp, ex, new, stopped=lambda old: self._retire(old, execs),
+                                                  start=lambda ivs: self._start(comp, ivs, wait_s=0.0))
 
     def _hand_over(self, comp: Computation, execs: dict[str, ComputationExecutor | None]) -> None:
         """Between batches: a tool asked for intervals held here (``zk/handover.py``): give every lease
@@ -230,8 +231,8 @@ class PipelineRunner:
             return started
 
         execs[comp.name] = hand_over(ex, self._wiring.client, self.pipeline.name, comp.name,
-                                     wait=lambda _s: time.sleep(0.2), stopping=threading.Event(), wait_s=self.wait_s,
-                                     log=self.progress, retake=retake)
+                                     wait=lambda _s: time.sleep(0.2), stopping=threading.Event(),
+                                     wait_s=self.wait_s, log=self.progress, retake=retake)
 
     def _retire(self, ex: ComputationExecutor, execs: dict[str, ComputationExecutor | None]) -> None:
         """``ex`` stopped: its reports kept for the summary, its computation held by none here."""
@@ -243,7 +244,7 @@ class PipelineRunner:
         """Stop the executors, close ``leases`` (unless None); raise the first failure unless ``failing``."""
         first: BaseException | None = None
         if self._sharing is not None:
-            self._sharing.leave()  # first: the others' target changes as this instance gives its intervals back
+            self._sharing.leave()  # first: the others' target changes as the leases go back
         for ex in execs.values():
             if ex is None:
                 continue

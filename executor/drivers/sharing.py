@@ -26,7 +26,7 @@ LOOK_AGAIN_S = 10.0
 
 
 class Sharing:
-    """One job instance's part in sharing a continuous run's intervals (see the module docstring)."""
+    """One job instance's part in sharing a run's intervals."""
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, wiring: Wiring, instance: str,
                  progress: Callable[[str], None], write_path: str) -> None:
@@ -61,10 +61,8 @@ class Sharing:
 
     def start(self, comp: Computation, checkpoint: str, *, wait_s: float,
               caps: Mapping[str, int | None]) -> ComputationExecutor | None:
-        """The executor of ``comp`` on this instance's free share of the target (None: none free).
-
-        A share another instance still holds after :data:`LOOK_AGAIN_S` is looked at again (two
-        started together may each see it free); a dead predecessor's leases are waited for.
+        """The executor of ``comp`` on this instance's free share of the target (None: none free); a share
+        still held after :data:`LOOK_AGAIN_S` is looked at again.
 
         Raises:
             LeaseHeldError: an interval of its share is still held by another owner after ``wait_s``."""
@@ -150,8 +148,8 @@ class Sharing:
             return None
         took = time.monotonic() - t0
         self.moves.append(MoveTiming(comp.name, tuple(held), tuple(sorted(new)), round(took, 3)))
-        self.progress(f"{comp.name}: instance {self.instance} moved from intervals {held} to {sorted(new)} in "
-                      f"{took:.1f}s (leases, fence, recovery"
+        self.progress(f"{comp.name}: instance {self.instance} moved from intervals {held} to {sorted(new)} "
+                      f"in {took:.1f}s (leases, fence, recovery"
                       f"{', catch-up' if any(r.batch_id == CATCH_UP_BATCH for r in nex.reports) else ''})")
         return nex
 
@@ -165,8 +163,7 @@ class Sharing:
 
     def _executor(self, comp: Computation, checkpoint: str, intervals: Sequence[int], *, wait_s: float,
                   caps: Mapping[str, int | None]) -> ComputationExecutor:
-        """An executor of ``comp`` on ``intervals``, caught up on what earlier owners did not process
-        (acting on ``caps``, held at them)."""
+        """An executor of ``comp`` on ``intervals``, caught up (acting on ``caps``) by :func:`catch_up`."""
         caught: dict[int, int] = {}  # what its estimates record as held: the intervals once caught up on
         ex = self.wiring.stage_executor(self.spark, self.layout, self.pipeline, comp, checkpoint=checkpoint,
                                         instance=self.instance, caught=caught, progress=self.progress,

@@ -1,5 +1,5 @@
 """A running stage's side of a tool's hand-over request (``statestore/zk/handover.py``): it gives its
-intervals back at its next batch boundary."""
+intervals back at its next batch boundary. While SUSPENDED no watch fires and it keeps what it holds."""
 
 from __future__ import annotations
 

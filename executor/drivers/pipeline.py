@@ -52,9 +52,8 @@ class Pipeline:
                                             for u in self.upstream(c))]
             if not ready:
                 raise ConfigError(f"pipeline {self.name}: the computations {[c.name for c in left]} form a cycle")
-            for c in ready:
-                done.append(c.name)
-                left.remove(c)
+            done += [c.name for c in ready]
+            left = [c for c in left if c not in ready]
         by = {c.name: c for c in self.computations}
         return [by[n] for n in done]
 

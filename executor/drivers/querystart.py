@@ -47,9 +47,7 @@ def clear_unstarted(checkpoint: str) -> list[str]:
 def delta_end_version(query: Any, path: str) -> int | None:
     """The ``reservoirVersion`` of the Delta source of ``path`` in ``query``'s last progress: every
     version before it was read."""
-    progress = query.lastProgress
-    if progress is None:
-        return None
+    progress = query.lastProgress  # None before the first batch: no sources
     sources = getattr(progress, "sources", None)
     if sources is None:
         sources = progress.get("sources", []) if isinstance(progress, dict) else []

@@ -87,7 +87,6 @@ class PipelineRunner:
                 warming.join()
 
     def _connect_and_run(self) -> RunSummary:
-        # the store's migrations are planned while ZooKeeper connects
         client, planned, release = open_client_planned(self.spark, self.layout, self.zk)
         try:
             # two copies started at once must not migrate the same store concurrently

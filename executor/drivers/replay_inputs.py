@@ -84,12 +84,13 @@ def check_files(inputs: SharedInput, batches: Sequence[ComputationCommit]) -> No
     for c in reversed(batches):  # the last batch with gone files is named
         lost = [f for f in c.files or () if inputs.gone(f)]
         if lost:
+            folder = inputs.folder_of(lost[0])[0] or "its input"
             raise InputGoneError(
-                f"{inputs.comp.name}: the input of live batch {c.batch_id} (rows version {c.version}) is gone: "
-                f"{len(lost)} of its input files (e.g. {lost[0]}) are no longer in "
-                f"{inputs.folder_of(lost[0])[0] or 'its input'}. A replay re-reads the input files of every batch "
-                "it re-runs: restore them there (the same names; a replay stopped here continues when run again), "
-                f"or replay from rows version {c.version} or later (--from-version {c.version})")
+                f"{inputs.comp.name}: the input of live batch {c.batch_id} (rows version {c.version}) is "
+                f"gone: {len(lost)} of its input files (e.g. {lost[0]}) are no longer in {folder}. A replay "
+                "re-reads the input files of every batch it re-runs: restore them there (the same names; a "
+                "replay stopped here continues when run again), or replay from rows version "
+                f"{c.version} or later (--from-version {c.version})")
 
 
 def input_bytes(sizes: dict[str, dict[str, int]] | None, files: Sequence[str]) -> int | None:

@@ -52,8 +52,7 @@ def render(st: StoreStatus, *, batches: int = 3) -> str:
         lines.append("no pipeline has run on this store yet (no leases, watermarks or batch figures)")
         return "\n".join(lines)
     for pipeline, comp in comps:
-        lines.append("")
-        lines.append(f"{pipeline} / {comp}")
+        lines += ["", f"{pipeline} / {comp}"]
         ivs = [r for r in st.leases if r["pipeline"] == pipeline and r["computation"] == comp]
         held = [r for r in ivs if r["owner"] is not None]
         owners: dict[str, list[str]] = {}

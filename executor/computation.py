@@ -74,8 +74,7 @@ class ColumnBatch:
 
     ``keys``: sorted, with new records or due timers; ``records``: new on-time ones (``key``,
     ``timestamp_ms``, ``record_id``, ``stream``); ``state``: ``key``, ``map_key``, ``map_value``;
-    ``timers``: ``key``, ``tag``, ``time_ms``; ``watermark_ms``: earlier timers are due (None: none).
-    """
+    ``timers``: ``key``, ``tag``, ``time_ms``; ``watermark_ms``: earlier timers are due (None: none)."""
 
     keys: "pa.Array"
     records: "pa.Table"
@@ -88,8 +87,7 @@ class ColumnBatch:
 class ColumnResult:
     """What :meth:`Computation.process_columns` returns: the keys' whole new ``state`` and ``timers``,
     the ``fired`` timers in firing order, and ``productions`` (``fired`` row, ``stream``, ``value``,
-    optional ``timestamp_ms``).
-    """
+    optional ``timestamp_ms``)."""
 
     state: "pa.Table"
     timers: "pa.Table"

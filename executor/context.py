@@ -59,7 +59,8 @@ class Context:
         self.input_watermark_ms = input_watermark_ms
         self.now_ms = now_ms
         self._hold = watermark_hold_ms
-        self._timer_seq = timer_seq  # the key's timer firing counter (None: a new key; keyrun seeds it)
+        #: The id number of the key's next timer firing (None: a new key, not numbered yet; keyrun seeds it).
+        self.timer_seq = timer_seq
         self._row_codec = row_codec  # the codec column of the key's stored state (None: no row)
         # the codec column of state this context encodes: the codec, versioned (``json@2``)
         self._state_codec = codec.name if state_codec is None else state_codec
@@ -136,15 +137,6 @@ class Context:
     def watermark_hold_ms(self) -> int | None:
         """The hold set by :meth:`hold_watermark` (None: none)."""
         return self._hold
-
-    @property
-    def timer_seq(self) -> int | None:
-        """The id number of the key's next timer firing (None: a new key, not numbered yet)."""
-        return self._timer_seq
-
-    @timer_seq.setter
-    def timer_seq(self, value: int) -> None:
-        self._timer_seq = value
 
     @property
     def productions(self) -> list[Production]:
@@ -246,7 +238,7 @@ class Context:
         codec = rc if rc is not None and untouched else self._state_codec
         timers = self._timers
         stored = tuple(sorted(timers.values())) if len(timers) > 1 else tuple(timers.values())
-        return data, stored, self._hold, self._timer_seq, codec, self._productions
+        return data, stored, self._hold, self.timer_seq, codec, self._productions
 
     def encoded_state(self) -> bytes | None:
         """The key's state as stored: the bytes read when untouched, else re-encoded (None: none)."""

@@ -1,6 +1,5 @@
-"""The SparkSession deltawheel runs computations on: statestore's set-up plus the worker daemon.
-Every session deltawheel builds is built here; Spark's Python workers fork from :data:`DAEMON_MODULE`,
-which imports the task modules first (docs/performance.md, "Python worker start")."""
+"""Every SparkSession deltawheel builds: statestore's set-up, Spark's Python workers forked from
+:data:`DAEMON_MODULE` (docs/performance.md, "Python worker start")."""
 
 from __future__ import annotations
 

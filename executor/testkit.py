@@ -1,5 +1,5 @@
-"""Test a computation without Spark: feed records, move time, look at state, timers and output.
-:class:`ComputationTester` runs keys through the executor's per-key runner (``keyrun.run_key``)."""
+"""Test a computation without Spark: feed records, move time, look at state, timers and output
+(:class:`ComputationTester`, on the executor's per-key runner ``keyrun.run_key``)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class _MemoryRows:
         pass
 
 
-class _DeltaRows:
+class _DeltaRows(_MemoryRows):
     """The computation's rows in a Delta store: read once, every call's changes committed fenced."""
 
     def __init__(self, spark: Any, store: str | None, comp: Computation) -> None:
@@ -69,12 +69,9 @@ class _DeltaRows:
         fences = self.store.fences(comp.name)
         self.seqs = {iv: fences.get(iv, 0) + 1 for iv in range(self.n)}  # take every interval over
         self.store.fence(comp.name, self.seqs)
-        self.rows = {r.key: r for r in self.store.scan_intervals(comp.name, range(self.n))}
+        self.reread()
         self.puts: dict[str, KeyRow] = {}
         self.dels: set[str] = set()
-
-    def load(self, key: str) -> KeyRow | None:
-        return self.rows.get(key)
 
     def save(self, key: str, row: KeyRow | None) -> None:
         if row is None:
@@ -84,9 +81,6 @@ class _DeltaRows:
         else:
             self.rows[key] = self.puts[key] = row
             self.dels.discard(key)
-
-    def keys(self) -> list[str]:
-        return sorted(self.rows)
 
     def commit(self) -> None:
         if self.puts or self.dels:
@@ -179,8 +173,7 @@ class ComputationTester:
                                                  record_id=record_id, stream=stream), why))
                 return
         late = self._acted_ms is not None and event_time_ms < self._acted_ms
-        rec = Record(key=key, value=value, timestamp_ms=int(event_time_ms),
-                     record_id=record_id,
+        rec = Record(key=key, value=value, timestamp_ms=int(event_time_ms), record_id=record_id,
                      stream=stream, late=late)
         if late and comp.late_policy is LatePolicy.ROUTE:
             self.late += 1
@@ -240,8 +233,7 @@ class ComputationTester:
         """A tester of ``computation`` (e.g. the next version) over this tester's rows and clocks.
 
         Raises:
-            ConfigError: ``computation`` is invalid, or has another name.
-        """
+            ConfigError: ``computation`` is invalid, or has another name."""
         from deltawheel.statestore.exceptions import ConfigError
 
         if computation.name != self.computation.name:

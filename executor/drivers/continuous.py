@@ -1,10 +1,7 @@
 """Continuous pipelines: one unbounded streaming query per computation, live until stopped.
 
-Invariant: a downstream batch never acts on an upstream low watermark beyond what it read
-(the upstream caps and the hold of :class:`.BatchInputs`). docs/continuous.md.
-
-One class, the live run's lifecycle; a stage's query, batches' state and tick are in ``stage``, the
-other separable parts in ``sharing``, ``handover``, ``triggers``, ``querystart``, ``inputs``, ``pools``."""
+Invariant: a downstream batch never acts on an upstream low watermark beyond what it read (the
+upstream caps and the hold of :class:`.BatchInputs`). docs/continuous.md; one stage: ``stage.py``."""
 
 from __future__ import annotations
 
@@ -50,10 +47,8 @@ class ContinuousRun:
     Args:
         trigger: every query's trigger (:meth:`Trigger.parse`); ``triggers``: per computation name.
         computations: those this process runs (default: all).
-        wait_s: how long to wait for leases another process holds.
         tick_s: how often an idle query's executor looks for due timers.
-        instance: this job instance's name when instances share the intervals (``sharing.py``).
-        background_gc: gc's Delta passes every N batches or S seconds (None: none)."""
+        instance: this job instance's name when instances share the intervals (``sharing.py``)."""
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, wiring: Wiring,
                  trigger: str | float | Trigger | None = None,
@@ -77,9 +72,7 @@ class ContinuousRun:
         self._files = files_resolver(spark)  # a stream table's files, local or on the object store (_consumed)
         self._comps = [c for c in ordered if c.name in wanted]
         self.wait_s, self.progress, self.write_path, self.direct_read = wait_s, progress, write_path, direct_read
-        self.tick_s = tick_s
-        self.instance = instance
-        self.zk = zk
+        self.tick_s, self.instance, self.zk = tick_s, instance, zk
         self._sharing = None if instance is None else Sharing(
             spark, layout, pipeline, wiring=wiring, instance=instance, progress=self._log, write_path=write_path)
         self.stages: dict[str, Stage] = {}
@@ -105,8 +98,8 @@ class ContinuousRun:
         return {n: s.ex for n, s in self.stages.items() if s.ex is not None}
 
     def start(self) -> ContinuousRun:
-        """Create the stream tables read, start every executor and query (upstream first), then the ticks.
-        On a failure, what started is stopped and the leases are given back before it is raised."""
+        """Create the stream tables read, start the executors, queries (upstream first) and ticks.
+        On a failure, what started is stopped and its leases given back before it is raised."""
         # Python workers forked now, while ZooKeeper, the leases and the queries' start take their time
         _worker.warm_workers(self.spark, on_error=lambda e: self._log(
             f"warming the Python workers failed (the tasks start them instead): {e!r}"))
@@ -152,8 +145,7 @@ class ContinuousRun:
                                        + "; the same command again resumes it from its checkpoint")
 
     def await_termination(self, timeout_s: float | None = None) -> bool:
-        """Wait until the run is stopped (by :meth:`stop`, from another thread) or a query failed
-        (raised: :meth:`check`); False after ``timeout_s`` with the run still going."""
+        """Until the run is stopped or a query fails (raised by :meth:`check`); False after ``timeout_s``."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self._stopped is None:
             self.check()
@@ -189,8 +181,7 @@ class ContinuousRun:
         return self.stop()
 
     def drain(self) -> RunSummary:
-        """The input has ended: read every source to its end, fire and deliver everything stage after
-        stage (``drain.py``); returns the summary once every stage is idle.
+        """The input has ended: run every stage to the end of its input (``drain.py``); returns the summary.
 
         Raises:
             ConfigError: an instance sharing its intervals, or a run of only some computations.
@@ -218,17 +209,12 @@ class ContinuousRun:
 
     def summary(self) -> RunSummary:
         """Per computation its batch reports (this run's), published low watermark and lag."""
-        out = RunSummary()
-        authority = self.wiring.authority
-        for name, stage in self.stages.items():
-            out.reports[name] = list(stage.ex.reports) if stage.ex is not None else []
-            out.low_watermarks[name] = authority.published_low_watermark(name)
-            out.lag_ms[name] = authority.watermark_lag_ms(name)
-        return out
+        reports = {n: list(s.ex.reports) if s.ex is not None else [] for n, s in self.stages.items()}
+        return RunSummary.of(reports, self.wiring.authority)
 
     def _shutdown(self, *, timeout_s: float) -> list[str]:
-        """The ticks end, every query stops after its batch in flight (each waited for at most
-        ``timeout_s``), every executor settles and gives its leases back; returns the queries still running."""
+        """End the ticks, stop every query after its batch in flight (waiting at most ``timeout_s``) and
+        every executor; returns the queries still running."""
         if self._ticker is not None:
             self._ticker.join()
         if self._sharing is not None:
@@ -257,8 +243,7 @@ class ContinuousRun:
 
     @staticmethod
     def _stop_query(stage: Stage, deadline: float) -> None:
-        """Wait for the batch in flight to end, then stop the query: Spark's stop cancels the jobs of a
-        running batch; a batch Spark begins meanwhile is refused."""
+        """Stop the query once the batch in flight ended (Spark's stop would cancel its jobs)."""
         held = stage.lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
         try:
             await_commit_log(stage.query, stage.done_batch, deadline)
@@ -390,5 +375,6 @@ class ContinuousRun:
             sharing = self._sharing  # retakes the free ones of its share: another instance may have taken some
             retake = None if sharing is None else functools.partial(
                 sharing.retake, stage.comp, stage.checkpoint, caps=dict.fromkeys(stage.next_caps))
-            stage.ex = hand_over(stage.ex, self._handover, stage.comp.name, stopping=self._stopping,
-                                 wait_s=self.wait_s, log=self._log, retake=retake)
+            stage.ex = hand_over(stage.ex, self.wiring.client, self.pipeline.name, stage.comp.name,
+                                 wait=self._handover.wait, stopping=self._stopping, wait_s=self.wait_s,
+                                 log=self._log, retake=retake)

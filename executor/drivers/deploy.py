@@ -81,26 +81,21 @@ def submit_args(*, object_store: bool = False, archive: str | None = None, deplo
         jars.append(local)
         conf["spark.delta.logStore.file.impl"] = LOG_STORE_CLASS
     if object_store:
-        from deltawheel.statestore.objectstore import s3a
-        from deltawheel.statestore.objectstore.logstore import (
-            DIRECT_CHECKPOINT_MANAGER_CLASS,
-            ZK_LOG_STORE_CLASS,
-            ensure_checkpoint_manager_jar,
-            ensure_zk_log_store_jar,
-            log_store_settings,
-        )
+        from deltawheel.statestore.objectstore import logstore, s3a
 
-        store, manager = ensure_zk_log_store_jar(quiet=True), ensure_checkpoint_manager_jar(quiet=True)
+        store = logstore.ensure_zk_log_store_jar(quiet=True)
+        manager = logstore.ensure_checkpoint_manager_jar(quiet=True)
         if store is None or manager is None:
             raise ConfigError("object-store tables need deltawheel's s3a log store jar: install a wheel of "
                               "deltawheel (it carries the jar) or a JDK for javac")
         jars += [*s3a.ensure_s3a_jars(quiet=True), store, manager]
-        conf["spark.delta.logStore.s3a.impl"] = ZK_LOG_STORE_CLASS
-        conf["spark.sql.streaming.checkpointFileManagerClass"] = DIRECT_CHECKPOINT_MANAGER_CLASS
+        conf["spark.delta.logStore.s3a.impl"] = logstore.ZK_LOG_STORE_CLASS
+        conf["spark.sql.streaming.checkpointFileManagerClass"] = logstore.DIRECT_CHECKPOINT_MANAGER_CLASS
         if endpoint is not None:
             conf.update(s3a.spark_conf(endpoint))
         if zk is not None:
-            conf.update({f"spark.hadoop.{k}": v for k, v in log_store_settings(zk, chroot=zk_chroot).items()})
+            settings = logstore.log_store_settings(zk, chroot=zk_chroot)
+            conf.update({f"spark.hadoop.{k}": v for k, v in settings.items()})
     if archive is not None:
         conf["spark.pyspark.python"] = f"./{ARCHIVE_ALIAS}/bin/python"
         if deploy_mode == "client":  # the driver runs here, where the archive is not unpacked

@@ -1,11 +1,9 @@
 """Embedding in one call: :func:`connect` and the :class:`Engine` it returns (docs/embedding.md).
-
-On ZooKeeper SUSPENDED the executors' batches pause (``max_pause_s`` bounds it); on LOST the
-leases are gone and the next batch fails with ``LeaseLostError``: :meth:`Engine.close` still
-stops everything it started, and the next ``connect`` on the store takes over cleanly."""
+On a lost ZooKeeper session :meth:`Engine.close` still stops everything it started."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -43,9 +41,7 @@ Progress = bool | Callable[[str], None] | None  # True: print the lines; False /
 def _lines(progress: Progress) -> Callable[[str], None] | None:
     if progress is True:
         return functools.partial(print, flush=True)
-    if progress is False or progress is None:
-        return None
-    return progress
+    return progress or None
 
 
 def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "default", owner: str | None = None,
@@ -69,8 +65,7 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
         SessionConfigError: the session lacks a setting.
         ConfigError: ``zk`` is None for a store that is not a local folder.
         ZooKeeperServerError: the embedded ZooKeeper could not start.
-        MigrationError, SchemaTooNewError, StoreMismatchError: as the store's migrations raise them.
-    """
+        MigrationError, SchemaTooNewError, StoreMismatchError: as the store's migrations raise them."""
     require_classic_session(spark)
     layout = StoreLayout(os.path.abspath(store) if "://" not in store else store)
     if zk is None and not layout.is_local:
@@ -85,22 +80,15 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
     server = ensure_zookeeper(cfg, layout, own=True) if zk is None else None
     if server is not None:
         cfg = server.config
-    try:
-        client, release = open_client(spark, layout, cfg)
-    except BaseException:
+    with contextlib.ExitStack() as undo:  # on a failure: undone in reverse
         if server is not None:
-            server.release()
-        raise
-    try:
+            undo.callback(server.release)
+        client, release = open_client(spark, layout, cfg)
+        for step in (release, client.close, client.stop):
+            undo.callback(step)
         engine = Engine(spark, layout, cfg, client, pipeline=pipeline, owner=owner or f"{socket.gethostname()}:{os.getpid()}",
                         wait_s=wait_s, max_pause_s=max_pause_s, server=server, instance=instance)
-    except BaseException:
-        client.stop()
-        client.close()
-        release()
-        if server is not None:
-            server.release()
-        raise
+        undo.pop_all()
     engine.release_log_store = release
     try:
         engine.migrate()
@@ -111,27 +99,20 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
 
 
 class Engine:
-    """A store, its pipeline's ZooKeeper objects and the executors started on them; made by
-    :func:`connect`. :attr:`progress`: True prints the executors' lines, a callable gets each line."""
+    """A store, its pipeline's ZooKeeper objects and the executors started on them (:func:`connect`).
+    :attr:`progress`: True prints the executors' lines, a callable gets each line."""
 
     progress: Progress = True
 
     def __init__(self, spark: Any, layout: StoreLayout, zk: ZkConfig, client: Any, *, pipeline: str, owner: str,
                  wait_s: float = 60.0, max_pause_s: float | None = DEFAULT_MAX_PAUSE_S,
                  server: Any | None = None, instance: str | None = None) -> None:
-        self.spark = spark
-        self.layout = layout
-        self.zk = zk
-        self.client = client
-        self.pipeline = pipeline
-        self.owner = owner
-        self.wait_s = wait_s
+        self.spark, self.layout, self.zk, self.client = spark, layout, zk, client
+        self.pipeline, self.owner, self.wait_s = pipeline, owner, wait_s
         self.server = server  # the embedded ZooKeeper connect() started, if any
         self.wiring = wire(spark, layout, client, pipeline=pipeline, owner=owner, zk=zk, max_pause_s=max_pause_s,
                            instance=instance)
-        self.leases = self.wiring.leases
-        self.authority = self.wiring.authority
-        self.store = self.wiring.store
+        self.leases, self.authority, self.store = self.wiring.leases, self.wiring.authority, self.wiring.store
         self.executors: list[ComputationExecutor] = []
         self._feeding: dict[int, list[Injector]] = {}  # id(executor) -> the injectors whose watermark it moves
         self._queries: list[tuple[Any, ComputationExecutor, list[DeltaWheelError]]] = []
@@ -204,8 +185,7 @@ class Engine:
         """Run ``computation`` over everything ``source`` holds now, to its end; returns the batch reports.
 
         Raises:
-            DeltaWheelError: the batch's own typed error (not Spark's wrapper of it).
-        """
+            DeltaWheelError: the batch's own typed error (not Spark's wrapper of it)."""
         self.start(source, computation, checkpoint=checkpoint, available_now=True, upstream=upstream, **options)
         query, ex, failed = self._queries[-1]
         try:
@@ -233,10 +213,7 @@ class Engine:
         if trigger is not None or triggers is not None or seconds is not None:
             raise ConfigError("run_pipeline: trigger, triggers and seconds are for continuous=True (a bounded run "
                               "reads what is there now with availableNow queries)")
-        self._check_pipeline(pipeline, options)
-        self._gc_every(options)
-        self._metrics_port(options)
-        lines = _lines(options.pop("progress", self.progress))
+        lines = self._prepare(pipeline, options)
         runner = PipelineRunner(self.spark, self.layout, pipeline, zk=self.zk, owner=self.owner,
                                 wait_s=self.wait_s if wait_s is None else wait_s,
                                 progress=lines if lines is not None else (lambda _line: None),
@@ -249,50 +226,24 @@ class Engine:
         """Start ``pipeline`` unbounded; returns the :class:`.ContinuousRun` (docs/continuous.md).
         Raises ConfigError as :meth:`run_pipeline`, for a bad trigger, an unknown computation name,
         or an ``instance`` other than :func:`connect`'s."""
-        self._check_open()
-        self._check_pipeline(pipeline, options)
-        self._gc_every(options)
-        self._metrics_port(options)
-        lines = _lines(options.pop("progress", self.progress))
+        lines = self._prepare(pipeline, options)
         named = self.wiring.leases.instance
         options["instance"] = instance = options.get("instance", named)
         if named is not None and instance != named:
             raise ConfigError(f"start_pipeline: instance {instance!r} on an engine connected as instance {named!r}: "
                               f"an instance's leases carry its name; connect with deltawheel.connect(..., "
                               f"instance={instance!r}) or leave instance= out")
-        run = ContinuousRun(self.spark, self.layout, pipeline,
-                            wiring=self.wiring,
-                            trigger=trigger, triggers=triggers, computations=computations,
+        run = ContinuousRun(self.spark, self.layout, pipeline, wiring=self.wiring, trigger=trigger,
+                            triggers=triggers, computations=computations,
                             wait_s=self.wait_s if wait_s is None else wait_s, progress=lines, zk=self.zk, **options)
         run.start()
         self._runs.append(run)
         return run
 
-    def _metrics_port(self, options: dict[str, Any]) -> None:
-        """Start the process's Prometheus endpoint when ``options`` has ``metrics_port``."""
-        port = options.pop("metrics_port", None)
-        if port is None:
-            return
-        from ..protocol.exporter import start_metrics_server
-
-        exporter = start_metrics_server(int(port))
-        say = _lines(options.get("progress", self.progress))
-        if say is not None:
-            say(f"metrics for Prometheus: http://{socket.gethostname()}:{exporter.port}/metrics")
-
-    def _gc_every(self, options: dict[str, Any]) -> None:
-        """``gc_every`` in ``options`` becomes their ``background_gc``; ConfigError if both are given."""
-        every = options.pop("gc_every", None)
-        if every is None:
-            return
-        if options.get("background_gc") is not None:
-            raise ConfigError("gc_every and background_gc both given: give one (gc_every=N builds "
-                              "BackgroundGc.every(spark, layout, N) with gc's defaults)")
-        from deltawheel.gc.background import BackgroundGc
-
-        options["background_gc"] = BackgroundGc.every(self.spark, self.layout, every)
-
-    def _check_pipeline(self, pipeline: Pipeline, options: Mapping[str, Any]) -> None:
+    def _prepare(self, pipeline: Pipeline, options: dict[str, Any]) -> Callable[[str], None] | None:
+        """Check ``pipeline`` and ``options`` (ConfigError), turn ``gc_every`` into ``background_gc``, start
+        the Prometheus endpoint of ``metrics_port``; returns the progress lines' callable (popped)."""
+        self._check_open()
         if pipeline.name != self.pipeline:
             raise ConfigError(f"pipeline {pipeline.name!r} given to an engine connected for pipeline {self.pipeline!r}: "
                               f"its leases and watermarks live under the engine's; connect with "
@@ -303,6 +254,23 @@ class Engine:
             raise ConfigError(f"run_pipeline: {', '.join(fixed)} {'is' if len(fixed) == 1 else 'are'} the engine's "
                               "(give them to deltawheel.connect)")
         pipeline.ordered()  # a stream nothing produces, or a cycle: refused before anything starts
+        every = options.pop("gc_every", None)
+        if every is not None:
+            if options.get("background_gc") is not None:
+                raise ConfigError("gc_every and background_gc both given: give one (gc_every=N builds "
+                                  "BackgroundGc.every(spark, layout, N) with gc's defaults)")
+            from deltawheel.gc.background import BackgroundGc
+
+            options["background_gc"] = BackgroundGc.every(self.spark, self.layout, every)
+        lines = _lines(options.pop("progress", self.progress))
+        port = options.pop("metrics_port", None)
+        if port is not None:
+            from ..protocol.exporter import start_metrics_server
+
+            exporter = start_metrics_server(int(port))
+            if lines is not None:
+                lines(f"metrics for Prometheus: http://{socket.gethostname()}:{exporter.port}/metrics")
+        return lines
 
     def finish(self, executor: ComputationExecutor) -> BatchReport:
         """End ``executor``'s bounded input: watermarks to the end, due timers fired, delivery landed."""
@@ -312,10 +280,6 @@ class Engine:
         report = executor.flush()
         executor.settle()
         return report
-
-    def _release_zookeeper(self) -> None:
-        if self.server is not None:
-            self.server.release()
 
     def close(self) -> None:
         """Stop everything started, close leases and client; the first failure is raised after."""
@@ -328,7 +292,7 @@ class Engine:
         steps += [functools.partial(self._stop, ex) for ex in list(self.executors)]
         steps += [self.authority.close, self.leases.close, self.client.stop, self.client.close, self.release_log_store]
         if self.server is not None:  # the last process using the store's server stops it
-            steps.append(self._release_zookeeper)
+            steps.append(self.server.release)
         for step in steps:
             try:
                 step()

@@ -1,6 +1,5 @@
-"""A running stage's side of a tool's hand-over request (``statestore/zk/handover.py``): the stage
-gives its intervals back at its next batch boundary. While SUSPENDED no watch fires and the stage
-keeps what it holds; kazoo sets the watches again on reconnect."""
+"""A running stage's side of a tool's hand-over request (``statestore/zk/handover.py``): it gives its
+intervals back at its next batch boundary. While SUSPENDED no watch fires and it keeps what it holds."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ class HandoverWatch:
 
     def __init__(self, client: Any, pipeline: str, computations: Sequence[str], *,
                  wake: threading.Event | None = None, stopping: threading.Event | None = None) -> None:
-        self.client, self.pipeline = client, pipeline
         self.wake = wake or threading.Event()
         self._stopping = stopping or threading.Event()
         self._asked: set[str] = set()
@@ -51,27 +49,28 @@ class HandoverWatch:
         self.wake.clear()
 
 
-def hand_over(ex: ComputationExecutor | None, watch: HandoverWatch, computation: str, *, stopping: threading.Event,
-              wait_s: float, log: Callable[[str], None],
-              retake: Callable[[], ComputationExecutor | None] | None = None) -> ComputationExecutor | None:
-    """Between batches: give the leases a tool asked for back, wait for its request to go, retake
-    them; returns the executor to go on with.
+def hand_over(ex: ComputationExecutor | None, client: Any, pipeline: str, computation: str, *,
+              wait: Callable[[float], object], stopping: threading.Event, wait_s: float,
+              log: Callable[[str], None], retake: Callable[[], ComputationExecutor | None] | None = None
+              ) -> ComputationExecutor | None:
+    """Between batches: give the leases a tool asked for back, ``wait`` (at most its argument, in
+    seconds) until its request goes, retake them; returns the executor to go on with.
 
-    ``retake``: how an instance sharing the intervals takes them again (``sharing.py``; another may
-    have taken some meanwhile); without it the same executor retakes all, waiting up to ``wait_s``."""
+    ``retake``: how to take them again (another instance may have taken some meanwhile); without it
+    the same executor retakes all, waiting up to ``wait_s``."""
     if ex is None:
         return None  # an instance holding none of this computation's intervals: nothing to hand over
-    asked = read_handover(watch.client, watch.pipeline, computation)
+    asked = read_handover(client, pipeline, computation)
     if asked is None or not set(asked.intervals) & set(ex.owner.intervals):
         return ex
     t0 = time.monotonic()
     log(f"{computation}: handing intervals over to {asked.tool} by {asked.by}")
     ex.stop()  # settles its delivery, then gives every lease back
     t_given = time.monotonic()
-    while read_handover(watch.client, watch.pipeline, computation) is not None:
+    while read_handover(client, pipeline, computation) is not None:
         if stopping.is_set():
             return ex  # the run stops: nothing to take again
-        watch.wait(1.0)  # woken when the request goes
+        wait(1.0)
     t_back = time.monotonic()
     if retake is None:
         ex.start(wait_s=wait_s)

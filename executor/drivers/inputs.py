@@ -1,5 +1,5 @@
-"""A stage's input for both runners: one streaming DataFrame tagged with a ``stream`` column, its query and
-what its executor is handed. Instances sharing intervals read a stream table from version 0 (``rescale.py``)."""
+"""A stage's input for both runners: one streaming DataFrame tagged with a ``stream`` column, its query
+and what its executor is handed."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ __all__ = ["StageInput", "direct_source", "event_bounds", "query_of", "stage_inp
 
 @dataclass(frozen=True)
 class StageInput:
-    """One computation's input: ``df`` and the injectors whose watermark is per partition (Kafka:
-    their batch's per-partition maxima are taken before the batch and observed after it)."""
+    """One computation's input: ``df`` and the injectors whose watermark is per partition (Kafka)."""
 
     df: Any
     per_partition: tuple[Any, ...]
@@ -70,8 +69,7 @@ def query_of(layout: StoreLayout, pipeline: str, computation: str, instance: str
 
 
 def event_bounds(comp: Computation, injectors: Mapping[str, Any]) -> dict[str, int]:
-    """Each injector input's bound on event time ahead of the clock (``ComputationExecutor``'s
-    ``event_ahead_ms``; an injector's None: no bound, and records of stream tables have none)."""
+    """Each injector input's bound on event time ahead of the clock (None: none), as ``event_ahead_ms``."""
     ahead = {s: getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)
              for s in comp.inputs if s in injectors}
     return {s: b for s, b in ahead.items() if b is not None}

@@ -52,9 +52,8 @@ class Pipeline:
                                             for u in self.upstream(c))]
             if not ready:
                 raise ConfigError(f"pipeline {self.name}: the computations {[c.name for c in left]} form a cycle")
-            for c in ready:
-                done.append(c.name)
-                left.remove(c)
+            done += [c.name for c in ready]
+            left = [c for c in left if c not in ready]
         by = {c.name: c for c in self.computations}
         return [by[n] for n in done]
 
@@ -76,6 +75,12 @@ class RunSummary:
     reports: dict[str, list[BatchReport]] = field(default_factory=dict)
     low_watermarks: dict[str, int | None] = field(default_factory=dict)
     lag_ms: dict[str, int | None] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, reports: dict[str, list[BatchReport]], authority: Any) -> RunSummary:
+        """``reports`` per computation, with its published low watermark and lag from ``authority``."""
+        return cls(reports, {n: authority.published_low_watermark(n) for n in reports},
+                   {n: authority.watermark_lag_ms(n) for n in reports})
 
     def __repr__(self) -> str:
         parts = [f"{name}: {len(reps)} batches, {sum(r.records_in for r in reps)} records in, "
@@ -107,8 +112,7 @@ def load_pipeline(target: str) -> Any:
     """The ``Pipeline`` that ``MODULE:NAME`` (a module or a ``.py`` file) names, or a function returns.
 
     Raises:
-        ConfigError: no ``:``, a module that cannot be imported, no such name, or not a Pipeline.
-    """
+        ConfigError: no ``:``, a module that cannot be imported, no such name, or not a Pipeline."""
     module_name, sep, name = target.partition(":")
     if not sep or not module_name or not name:
         raise ConfigError(f"run {target!r}: expected MODULE:PIPELINE, e.g. myjob:pipeline (a Pipeline, or a function "

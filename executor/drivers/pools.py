@@ -1,6 +1,5 @@
-"""Spark's FAIR scheduler pools: each live query's micro-batch jobs in a pool of its own, so a busy
-stage does not queue the others' tasks. The stream thread inherits the starting thread's
-``spark.scheduler.pool``. docs/continuous.md, "Scheduler pools"."""
+"""Each live query's micro-batch jobs in a FAIR scheduler pool of its own, so a busy stage does not
+queue the others' tasks. docs/continuous.md, "Scheduler pools"."""
 
 from __future__ import annotations
 

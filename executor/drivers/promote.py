@@ -32,7 +32,7 @@ from ..computation import Computation
 from ..sources.injector import Injector
 from .promote_checks import behind, prove_caught_up
 from .promote_rows import promoted_rows, shadow_rows
-from .replay import plan_replay, read_marker, store_id
+from .replay import plan_replay, read_marker, replay_scope, store_id
 from .replay_run import ReplayRun
 
 # keys written (and deleted) a plan names one by one; the rest are counted
@@ -103,16 +103,13 @@ def promote_intervals(marker: Mapping[str, Any], intervals: Sequence[int] | None
     replayed = marker.get("intervals")
     if intervals is None:
         return None if replayed is None else tuple(sorted(int(i) for i in replayed))
-    bad = sorted({i for i in intervals if not 0 <= i < num_intervals})
-    if not intervals or bad:
-        raise ConfigError(f"--intervals {list(intervals)}: the computation has intervals 0..{num_intervals - 1}"
-                          + (f"; {bad} out of range" if bad else "; give at least one"))
+    scope = replay_scope(num_intervals, intervals=intervals)
     other = sorted(set(intervals) - set(replayed)) if replayed is not None else []
     if other and replayed is not None:
         raise ReplayTargetError(f"--intervals {list(intervals)}: the replay in {into} replayed only intervals "
                                 f"{sorted(replayed)}, not {other}; promote a subset of them, or replay those "
                                 "intervals too (a new replay with --intervals)")
-    return tuple(sorted(set(intervals)))
+    return scope
 
 
 def plan_promote(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: str, computation: str,
@@ -144,8 +141,7 @@ def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, p
         ConfigError: ``intervals`` out of range, or an injector input not in ``injectors``.
         ReplayUnavailableError, InputGoneError: a live commit to catch up has no positions or input.
         LeaseHeldError: ``no_wait`` and an interval is held, or another tool is at work.
-        StaleSequencerError / LeaseLostError: a takeover raced the promotion.
-    """
+        StaleSequencerError / LeaseLostError: a takeover raced the promotion."""
     say = progress or (lambda line: None)
     tl = timeline or Timeline()
     computation, num = code.name, type(code).num_intervals

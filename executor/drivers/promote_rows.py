@@ -10,7 +10,7 @@ from deltawheel.statestore.delta.storefs import table_files
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX, KeyRow, is_user_key
 
-__all__ = ["shadow_rows", "promoted_rows", "same_content"]
+__all__ = ["shadow_rows", "promoted_rows"]
 
 #: the fields a promotion compares (record ids and pending productions apart: see the module docstring)
 _COMPARED = ("state", "codec", "timers", "watermark_hold_ms", "timer_seq")
@@ -38,12 +38,6 @@ def shadow_rows(spark: Any, into: StoreLayout, computation: str, *,
             if r.pending else r for r in rows]
 
 
-def same_content(replayed: KeyRow, live: KeyRow) -> bool:
-    """Whether the replayed row changes nothing of the live one (see the module docstring)."""
-    return (all(getattr(replayed, f) == getattr(live, f) for f in _COMPARED)
-            and (not replayed.pending or replayed.pending == live.pending))
-
-
 def promoted_rows(shadow: Sequence[KeyRow], live: Mapping[str, KeyRow]) -> list[KeyRow]:
     """The rows a promotion leaves: the live row where equal, else the replayed row with live ids."""
     ids: dict[str, list[Any]] = {}
@@ -57,7 +51,8 @@ def promoted_rows(shadow: Sequence[KeyRow], live: Mapping[str, KeyRow]) -> list[
         now = live.get(r.key)
         if now is None:
             out.append(r.with_(record_ids=(*r.record_ids, *ids.get(r.key, ()))))
-        elif same_content(r, now):
+        elif (all(getattr(r, f) == getattr(now, f) for f in _COMPARED)
+              and (not r.pending or r.pending == now.pending)):  # it changes nothing of the live row
             out.append(now)
         else:
             out.append(r.with_(record_ids=now.record_ids))

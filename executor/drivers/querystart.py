@@ -1,5 +1,5 @@
-"""A streaming query's checkpoint before the query starts (the leftovers of an unfinished first
-write deleted, which Spark would refuse; the batch Spark replays), and what its progress read."""
+"""A query's checkpoint before it starts (an unfinished first write cleared, the batch Spark replays)
+and what its progress read."""
 
 from __future__ import annotations
 
@@ -45,11 +45,9 @@ def clear_unstarted(checkpoint: str) -> list[str]:
 
 
 def delta_end_version(query: Any, path: str) -> int | None:
-    """The ``reservoirVersion`` of the Delta source reading ``path`` in ``query``'s last progress:
-    every version before it was read (Delta moves to the next version, index -1, at a version's end)."""
-    progress = query.lastProgress
-    if progress is None:
-        return None
+    """The ``reservoirVersion`` of the Delta source of ``path`` in ``query``'s last progress: every
+    version before it was read."""
+    progress = query.lastProgress  # None before the first batch: no sources
     sources = getattr(progress, "sources", None)
     if sources is None:
         sources = progress.get("sources", []) if isinstance(progress, dict) else []

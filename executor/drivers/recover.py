@@ -1,5 +1,5 @@
-"""Recovery without the pipeline (``deltawheel recover``): deliver undelivered checkpointed productions.
-A redelivery is idempotent: after a lost session the next owner delivers what this one did not."""
+"""Recovery without the pipeline (``deltawheel recover``): deliver undelivered checkpointed productions
+(idempotent: after a lost session the next owner delivers what this one did not)."""
 
 from __future__ import annotations
 
@@ -41,8 +41,7 @@ class RecoverResult:
     intervals: tuple[int, ...]
     sequencers: Mapping[int, int]  # the leases it took (every earlier owner is fenced below these)
     appended: int  # checkpointed productions delivered as their commit's own delivery
-    merged: int  # given to insert-if-absent MERGE (commit unknown, or a MERGE-path store; those
-    #              already in their stream are skipped)
+    merged: int  # given to insert-if-absent MERGE (commit unknown, or a MERGE-path store; landed: skipped)
     log: list[str] = field(default_factory=list)
 
 

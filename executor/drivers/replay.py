@@ -1,8 +1,6 @@
-"""Replay: re-run one computation from a past rows-table version into a shadow store.
-
-Plan the commits to re-run, seed the shadow store with the rows as of the start version, re-run
-each batch on its recorded inputs and watermark, diff against the live store (``replay_diff.py``).
-The live store is only read. docs/replay.md."""
+"""Replay: re-run one computation from a past rows-table version into a shadow store, seeded with
+its rows as of that version, each batch on its recorded inputs and watermark; then the diff against
+the live store, which is only read. docs/replay.md."""
 
 from __future__ import annotations
 
@@ -273,11 +271,13 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
         raise ReplayUnavailableError(f"{computation}: commits up to rows version {horizon} record no input positions, "
                                      f"so a replay cannot start from the start: use --from-version {horizon} or later")
     if from_version is not None:
-        oldest = _oldest_version(spark, store)
-        if from_version < oldest or from_version > _latest_version(spark, store):
+        history = spark.sql(f"DESCRIBE HISTORY delta.`{store.rows}`").select("version").collect()
+        versions = [int(r[0]) for r in history]
+        oldest, latest = min(versions), max(versions)
+        if from_version < oldest or from_version > latest:
             raise ReplayUnavailableError(
                 f"rows version {from_version} does not exist in {store.root}: its log keeps versions {oldest} to "
-                f"{_latest_version(spark, store)} (older ones are past Delta's log retention); replay possible "
+                f"{latest} (older ones are past Delta's log retention); replay possible "
                 f"from version {max(oldest, horizon or oldest)} on")
         if horizon is not None and from_version < horizon:
             raise ReplayUnavailableError(
@@ -308,18 +308,6 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
                       tool_changes=tuple(tool_changes(commits, from_version, to_version=to_version)),
                       skips=tuple(skipped_files(c, done, scope=scope)
                                   for c, done in zip(batches, skip_sets(commits, batches), strict=True)))
-
-
-def _versions(spark: Any, store: StoreLayout) -> list[int]:
-    return [int(r[0]) for r in spark.sql(f"DESCRIBE HISTORY delta.`{store.rows}`").select("version").collect()]
-
-
-def _oldest_version(spark: Any, store: StoreLayout) -> int:
-    return min(_versions(spark, store))
-
-
-def _latest_version(spark: Any, store: StoreLayout) -> int:
-    return max(_versions(spark, store))
 
 
 def _seed(spark: Any, store: StoreLayout, into: StoreLayout, plan: ReplayPlan, commits: Sequence[ComputationCommit]) -> None:

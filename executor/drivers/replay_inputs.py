@@ -13,7 +13,7 @@ from ..computation import Computation
 from ..protocol.rescale import SharedInput, kafka_input, shared_input
 from ..sources.injector import Injector
 
-__all__ = ["stream_exists", "check_inputs", "input_bytes", "replay_input", "check_files", "input_gone"]
+__all__ = ["stream_exists", "check_inputs", "input_bytes", "replay_input", "check_files"]
 
 
 def stream_exists(spark: Any, store: StoreLayout, stream: str) -> bool:
@@ -51,17 +51,12 @@ def check_inputs(spark: Any, store: StoreLayout, batches: Sequence[ComputationCo
     sizes = _sizes(spark, store, streams)
     if sizes is None:
         return None  # read when the batch runs (files_df raises it then)
-    gone_at = None
-    for c in batches:
-        for f in c.files or ():
-            stream, _, name = f.partition("/")
-            if name and name not in sizes.get(stream, {}):
-                gone_at = (c, f)
-    if gone_at is not None:
-        c, f = gone_at
-        raise InputGoneError(f"the input of live batch {c.batch_id} (rows version {c.version}) is gone: {f} was removed "
-                             f"from {store.root} (VACUUM after a compaction); replay from rows version {c.version} "
-                             "or later (--from-version)")
+    for c, f in reversed([(b, f) for b in batches for f in b.files or ()]):  # the last gone one is named
+        stream, _, name = f.partition("/")
+        if name and name not in sizes.get(stream, {}):
+            raise InputGoneError(f"the input of live batch {c.batch_id} (rows version {c.version}) is gone: "
+                                 f"{f} was removed from {store.root} (VACUUM after a compaction); replay "
+                                 f"from rows version {c.version} or later (--from-version)")
     return sizes
 
 
@@ -84,25 +79,18 @@ def replay_input(spark: Any, store: StoreLayout, into: StoreLayout, code: Comput
         return kafka
 
 
-def input_gone(computation: str, c: ComputationCommit, lost: Sequence[str], folder: str | None) -> InputGoneError:
-    """The replay's refusal of live batch ``c``, whose input files ``lost`` are gone from ``folder``."""
-    return InputGoneError(
-        f"{computation}: the input of live batch {c.batch_id} (rows version {c.version}) is gone: {len(lost)} of its "
-        f"input files (e.g. {lost[0]}) are no longer in {folder or 'its input'}. A replay re-reads the input files of "
-        f"every batch it re-runs: restore them there (the same names; a replay stopped here continues when run "
-        f"again), or replay from rows version {c.version} or later (--from-version {c.version})")
-
-
 def check_files(inputs: SharedInput, batches: Sequence[ComputationCommit]) -> None:
-    """Refuse (:func:`input_gone`) a replay whose ``batches`` read a gone local input file."""
-    gone_at = None
-    for c in batches:
+    """Refuse (InputGoneError) a replay whose ``batches`` read a gone local input file."""
+    for c in reversed(batches):  # the last batch with gone files is named
         lost = [f for f in c.files or () if inputs.gone(f)]
         if lost:
-            gone_at = (c, lost)
-    if gone_at is not None:
-        c, lost = gone_at
-        raise input_gone(inputs.comp.name, c, lost, inputs.folder_of(lost[0])[0])
+            folder = inputs.folder_of(lost[0])[0] or "its input"
+            raise InputGoneError(
+                f"{inputs.comp.name}: the input of live batch {c.batch_id} (rows version {c.version}) is "
+                f"gone: {len(lost)} of its input files (e.g. {lost[0]}) are no longer in {folder}. A replay "
+                "re-reads the input files of every batch it re-runs: restore them there (the same names; a "
+                "replay stopped here continues when run again), or replay from rows version "
+                f"{c.version} or later (--from-version {c.version})")
 
 
 def input_bytes(sizes: dict[str, dict[str, int]] | None, files: Sequence[str]) -> int | None:

@@ -91,11 +91,9 @@ class ReplayRun:
         plan, zk = self.plan, self.zk
         if self.target.is_local:
             os.makedirs(self.into.root, exist_ok=True)
-        if zk is None:
-            self.engine = connect(self.spark, store=self.into.root, pipeline=plan.pipeline)
-        else:
-            self.engine = connect(self.spark, store=self.into.root, zk=zk.hosts, zk_chroot=zk.chroot,
-                                  zk_digest=zk.digest, pipeline=plan.pipeline)
+        where: dict[str, Any] = {} if zk is None else {"zk": zk.hosts, "zk_chroot": zk.chroot,
+                                                       "zk_digest": zk.digest}
+        self.engine = connect(self.spark, store=self.into.root, pipeline=plan.pipeline, **where)
         self.engine.progress = self._lines if self._lines is not None else True  # its executors' lines
         self.engine.__enter__()
         try:

@@ -1,7 +1,5 @@
-"""One self-contained HTML page with plots of a store's pipelines (``deltawheel report``), from
-:func:`~deltawheel.executor.drivers.status.gather`'s figures; the plots are matplotlib
-PNGs embedded as ``data:`` URIs, so the page fetches nothing, runs no script, and can be mailed or
-archived."""
+"""One self-contained HTML page of a store's status and plots (``deltawheel report``): matplotlib PNGs
+embedded as ``data:`` URIs, so the page fetches nothing and runs no script."""
 
 from __future__ import annotations
 
@@ -10,6 +8,7 @@ import html
 import io
 import os
 import time
+from datetime import UTC, datetime
 from typing import Any, Callable
 
 from deltawheel.executor.drivers.status import StoreStatus
@@ -33,10 +32,12 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _times(rows: list[dict[str, Any]]) -> list[Any]:
-    from datetime import UTC, datetime
+def _at(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
-    return [datetime.fromtimestamp(r["recorded_ms"] / 1000, tz=UTC) for r in rows]
+
+def _times(rows: list[dict[str, Any]]) -> list[datetime]:
+    return [_at(r["recorded_ms"]) for r in rows]
 
 
 def _by_comp(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -112,26 +113,19 @@ def _state(ax: Any, st: StoreStatus) -> None:
 
 
 def _dead(ax: Any, st: StoreStatus) -> None:
-    from datetime import UTC, datetime
-
-    def at(ms: int) -> datetime:
-        return datetime.fromtimestamp(ms / 1000, tz=UTC)
-
-    drawn = False
     dead = [r for r in st.dead_letters if r["recorded_ms"] is not None]
+    if not dead:
+        _empty(ax, "no dead letters")
+        return
     for comp, rows in _by_comp(dead).items():
         ts = sorted(r["recorded_ms"] for r in rows)
-        ax.step([at(t) for t in ts], range(1, len(ts) + 1), where="post", marker="o", label=comp)
-        drawn = True
-    if drawn:
-        lo, hi = min(r["recorded_ms"] for r in dead), max(r["recorded_ms"] for r in dead)
-        if hi - lo < 60_000:  # one moment: a minute either side, not an axis of years
-            ax.set_xlim(at(lo - 60_000), at(hi + 60_000))
-        ax.set_ylim(bottom=0)
-        ax.set_ylabel("dead letters (cumulative)")
-        ax.legend(fontsize=7)
-    else:
-        _empty(ax, "no dead letters")
+        ax.step([_at(t) for t in ts], range(1, len(ts) + 1), where="post", marker="o", label=comp)
+    lo, hi = min(r["recorded_ms"] for r in dead), max(r["recorded_ms"] for r in dead)
+    if hi - lo < 60_000:  # one moment: a minute either side, not an axis of years
+        ax.set_xlim(_at(lo - 60_000), _at(hi + 60_000))
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("dead letters (cumulative)")
+    ax.legend(fontsize=7)
 
 
 _OVER_TIME = ("Watermark lag per stage", "Records per second", "Dead letters over time")

@@ -1,27 +1,23 @@
-"""The pipeline runner: bounded inputs run to completion in rounds of Spark streaming queries.
-
-One Structured Streaming query per computation feeds a :class:`ComputationExecutor` through
-``foreachBatch``; each round runs every computation in topological order (``availableNow``), then
-flushes timers, until nothing moves. Checkpoints live in the store: a re-run resumes.
-docs/embedding.md, "Rounds" and "Direct read"; docs/operations.md, "Garbage collection".
-"""
+"""The pipeline runner: bounded inputs run to completion in rounds of ``availableNow`` queries, one per
+computation in topological order, then timers flushed, until nothing moves. A re-run resumes.
+docs/embedding.md, "Rounds" and "Direct read"."""
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.jvm import require_classic_session
-from deltawheel.statestore.exceptions import DeltaWheelError, LeaseHeldError
+from deltawheel.statestore.exceptions import DeltaWheelError
 from deltawheel.statestore.layout import StoreLayout, validate_name
-from deltawheel.statestore.zk.client import digest_acls
 from deltawheel.statestore.zk.handover import read_handover
 from deltawheel.statestore.zk.lease_tools import list_leases
 from deltawheel.statestore.zk.leases import LeaseManager
-from deltawheel.statestore.zk.members import Membership, target
+from deltawheel.statestore.zk.members import target
 from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 
 from ..computation import Computation
@@ -29,13 +25,13 @@ from ..protocol.executor import ComputationExecutor
 from ..protocol.faults import FaultPoint
 from ..protocol.host import BatchInputs
 from ..protocol.reports import BatchReport
-from ..protocol.rescale import CATCH_UP_BATCH
 from ..sources.injector import publish_watermark
 from ..tasks import worker as _worker
+from .handover import hand_over
 from .inputs import direct_source, query_of, stage_input, upstream_caps
 from .pipeline import MoveTiming, Pipeline, RunSummary
-from .sharing import catch_up
-from .wiring import Wiring, migrate_store, open_client_planned, record_held, wire
+from .sharing import Sharing, catch_up
+from .wiring import Wiring, migrate_store, open_client_planned, wire
 
 if TYPE_CHECKING:
     from deltawheel.gc.background import BackgroundGc
@@ -47,9 +43,8 @@ class PipelineRunner:
     """Runs a pipeline's bounded inputs to completion.
 
     ``max_pause_s``: how long a batch waits while ZooKeeper does not serve before
-    ``LeaseSuspendedError`` (None: until the session expires, then ``LeaseLostError``); a ZooKeeper
-    that lost its data stops the run with ``CoordinatorStateLostError``. ``wiring``: an engine's
-    ZooKeeper objects to run on instead of connecting to ``zk``; left open."""
+    ``LeaseSuspendedError`` (None: until the session expires, then ``LeaseLostError``). ``wiring``: an
+    engine's ZooKeeper objects to run on instead of connecting to ``zk``; left open."""
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, zk: ZkConfig,
                  owner: str | None = None, wait_s: float = 60.0, progress: Callable[[str], None] = print,
@@ -61,34 +56,22 @@ class PipelineRunner:
                  wiring: Wiring | None = None, background_gc: BackgroundGc | None = None) -> None:
         if instance is not None:
             validate_name("instance", instance)
-        self.instance = instance
-        self.intervals = None if intervals is None else tuple(intervals)
+        require_classic_session(spark)
+        self.instance, self.intervals = instance, None if intervals is None else tuple(intervals)
         # an instance without a hand-split interval list joins the members and takes its share
         self.auto_assign = instance is not None and intervals is None
-        self.follow = follow
-        self.poll_s = poll_s
-        # how long a batch pauses while ZooKeeper does not serve (None: while the session lives)
-        self.max_pause_s = max_pause_s
+        self.follow, self.poll_s, self.max_pause_s = follow, poll_s, max_pause_s
         self.moves: list[MoveTiming] = []
-        require_classic_session(spark)
-        self.spark = spark
-        self.direct_read = direct_read
-        self.write_path = write_path
-        self.layout = layout
-        self.pipeline = pipeline
-        self.zk = zk
+        self.spark, self.layout, self.pipeline, self.zk = spark, layout, pipeline, zk
+        self.direct_read, self.write_path, self.warm_workers = direct_read, write_path, warm_workers
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
-        self.wait_s = wait_s
-        self.progress = progress
-        self.faults = faults
-        self.max_rounds = max_rounds
-        self.end_of_input = end_of_input
-        self.warm_workers = warm_workers
-        self.wiring = wiring
-        self.background_gc = background_gc  # gc's passes every N batches / S seconds, beside the batches
+        self.wait_s, self.progress, self.faults = wait_s, progress, faults
+        self.max_rounds, self.end_of_input, self.wiring = max_rounds, end_of_input, wiring
+        self.background_gc = background_gc
         if background_gc is not None and background_gc.progress is None:
             background_gc.progress = self.progress
         self._read_upto: dict[str, list[Any]] = {}  # per computation: its inputs' tokens at its last query start
+        self._sharing: Sharing | None = None
 
     def run(self) -> RunSummary:
         """Migrate the store (not with ``wiring``), then run at most ``max_rounds`` rounds."""
@@ -104,7 +87,6 @@ class PipelineRunner:
                 warming.join()
 
     def _connect_and_run(self) -> RunSummary:
-        # the store's migrations are planned while ZooKeeper connects
         client, planned, release = open_client_planned(self.spark, self.layout, self.zk)
         try:
             # two copies started at once must not migrate the same store concurrently
@@ -121,13 +103,14 @@ class PipelineRunner:
     def _run(self, wiring: Wiring, *, own: bool) -> RunSummary:
         """The rounds on ``wiring`` (``own``: the runner's, whose leases it closes at the end)."""
         p = self.pipeline
-        client, leases, authority = wiring.client, wiring.leases, wiring.authority
+        leases, authority = wiring.leases, wiring.authority
         self._wiring = wiring
         self._done_reports: dict[str, list[BatchReport]] = {c.name: [] for c in p.computations}
-        member = None
         if self.auto_assign:  # a live member: the intervals are split by the live members
-            member = Membership(client, pipeline=p.name, instance=str(self.instance), acls=digest_acls(self.zk))
-            member.join()
+            self._sharing = Sharing(self.spark, self.layout, p, wiring=wiring, instance=str(self.instance),
+                                    progress=self.progress, write_path=self.write_path)
+            self._sharing.moves = self.moves
+            self._sharing.join()
         execs: dict[str, ComputationExecutor | None] = {}
         try:
             self._start_all(execs)
@@ -146,17 +129,13 @@ class PipelineRunner:
                 rnd += 1
         except BaseException as exc:
             # the cause is what the caller must see: a failure on the way out is only logged
-            self._shutdown(execs, leases if own else None, failing=exc, member=member)
+            self._shutdown(execs, leases if own else None, failing=exc)
             raise
-        self._shutdown(execs, leases if own else None, failing=None, member=member)
+        self._shutdown(execs, leases if own else None, failing=None)
         if self.background_gc is not None:  # its Spark jobs end before the caller stops the session
             self.background_gc.wait()
-        summary = RunSummary()
-        for name, ex in execs.items():
-            summary.reports[name] = self._done_reports[name] + (list(ex.reports) if ex is not None else [])
-            summary.low_watermarks[name] = authority.published_low_watermark(name)
-            summary.lag_ms[name] = authority.watermark_lag_ms(name)
-        return summary
+        return RunSummary.of({name: self._done_reports[name] + (list(ex.reports) if ex is not None else [])
+                              for name, ex in execs.items()}, authority)
 
     def _start_all(self, execs: dict[str, ComputationExecutor | None]) -> None:
         """An executor per computation, in the pipeline's order (auto-assigned: as the members split)."""
@@ -221,70 +200,50 @@ class PipelineRunner:
         return ex
 
     def _rebalance(self, comp: Computation, execs: dict[str, ComputationExecutor | None]) -> None:
-        """Between batches: take the free intervals the target gives this instance (``members.py``),
-        give back, once the delivery settled, those assigned elsewhere; a change restarts the executor."""
+        """Between batches: take the free intervals the target gives this instance (``members.py``) but
+        a tool asked for; give back, once the delivery settled, those assigned elsewhere."""
+        assert self._sharing is not None
         client = self._wiring.client
-        n = type(comp).num_intervals
-        want = set(target(client, self.pipeline.name, comp.name, n).get(str(self.instance), ()))
+        shares = target(client, self.pipeline.name, comp.name, type(comp).num_intervals)
+        want = set(shares.get(str(self.instance), ()))
         asked = read_handover(client, self.pipeline.name, comp.name)  # a tool's (promote, repair): give back
         want -= set(asked.intervals) if asked is not None else set()
         ex = execs.get(comp.name)
         held = set(ex.owner.intervals) if ex is not None else set()
         owners = {r["interval"]: r["owner"] for r in list_leases(client, pipeline=self.pipeline.name)
                   if r["computation"] == comp.name}
-        free = {iv for iv in want - held if owners.get(iv) is None}
-        new = (held & want) | free
-        if new == held:
-            return
-        t0 = time.monotonic()
-        if ex is not None:
-            ex.stop()  # settles its delivery, then gives every lease back
-            record_held(self._wiring.authority, self.pipeline.injectors, instance=str(self.instance), comp=comp,
-                        sequencers={})
-            self._done_reports[comp.name] += ex.reports
-            execs[comp.name] = None
-        if not new:
-            self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
-            return
-        try:
-            execs[comp.name] = nex = self._start(comp, sorted(new), wait_s=0.0)
-        except LeaseHeldError as exc:  # taken meanwhile by another instance: look again next round
-            self.progress(f"{comp.name}: intervals {sorted(new)} not all free ({exc}); trying again")
-            return
-        self.moves.append(MoveTiming(comp.name, tuple(sorted(held)), tuple(sorted(new)),
-                                     round(time.monotonic() - t0, 3)))
-        self.progress(f"{comp.name}: instance {self.instance} moved from intervals {sorted(held)} to "
-                      f"{sorted(new)} in {time.monotonic() - t0:.1f}s (leases, fence, recovery"
-                      f"{', catch-up' if any(r.batch_id == CATCH_UP_BATCH for r in nex.reports) else ''})")
+        new = (held & want) | {iv for iv in want - held if owners.get(iv) is None}
+        if new != held:
+            execs[comp.name] = self._sharing.move(comp, ex, new, stopped=lambda old: self._retire(old, execs),
+                                                  start=lambda ivs: self._start(comp, ivs, wait_s=0.0))
 
     def _hand_over(self, comp: Computation, execs: dict[str, ComputationExecutor | None]) -> None:
         """Between batches: a tool asked for intervals held here (``zk/handover.py``): give every lease
         back once the delivery settled, wait for the tool to finish, then start again on them."""
-        client, name = self._wiring.client, self.pipeline.name
         ex = execs.get(comp.name)
-        asked = read_handover(client, name, comp.name)
-        if ex is None or asked is None or not set(asked.intervals) & set(ex.owner.intervals):
-            return
-        t0 = time.monotonic()
-        self.progress(f"{comp.name}: handing intervals over to {asked.tool} by {asked.by}")
-        ex.stop()  # settles its delivery, then gives every lease back
-        self._done_reports[comp.name] += ex.reports
-        execs[comp.name] = None
-        while read_handover(client, name, comp.name) is not None:
-            time.sleep(0.2)
-        started = execs[comp.name] = self._start(comp, self.intervals, wait_s=self.wait_s)
-        started.wait_leased()
-        self.progress(f"{comp.name}: intervals taken again after {asked.tool} ({time.monotonic() - t0:.1f}s)")
+
+        def retake() -> ComputationExecutor:
+            assert ex is not None
+            self._retire(ex, execs)
+            started = execs[comp.name] = self._start(comp, self.intervals, wait_s=self.wait_s)
+            started.wait_leased()
+            return started
+
+        execs[comp.name] = hand_over(ex, self._wiring.client, self.pipeline.name, comp.name,
+                                     wait=lambda _s: time.sleep(0.2), stopping=threading.Event(),
+                                     wait_s=self.wait_s, log=self.progress, retake=retake)
+
+    def _retire(self, ex: ComputationExecutor, execs: dict[str, ComputationExecutor | None]) -> None:
+        """``ex`` stopped: its reports kept for the summary, its computation held by none here."""
+        self._done_reports[ex.comp.name] += ex.reports
+        execs[ex.comp.name] = None
 
     def _shutdown(self, execs: dict[str, ComputationExecutor | None], leases: LeaseManager | None, *,
-                  failing: BaseException | None, member: Membership | None = None) -> None:
+                  failing: BaseException | None) -> None:
         """Stop the executors, close ``leases`` (unless None); raise the first failure unless ``failing``."""
         first: BaseException | None = None
-        if member is not None:
-            try:  # leave first: the others' target changes as this instance gives its intervals back
-                member.leave()
-            except Exception as exc:
-                self.progress(f"leaving the members failed: {type(exc).__name__}: {exc}")
+        if self._sharing is not None:
+            self._sharing.leave()  # first: the others' target changes as the leases go back
         for ex in execs.values():
             if ex is None:
                 continue

@@ -26,7 +26,7 @@ LOOK_AGAIN_S = 10.0
 
 
 class Sharing:
-    """One job instance's part in sharing a continuous run's intervals (see the module docstring)."""
+    """One job instance's part in sharing a run's intervals."""
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, wiring: Wiring, instance: str,
                  progress: Callable[[str], None], write_path: str) -> None:
@@ -61,14 +61,11 @@ class Sharing:
 
     def start(self, comp: Computation, checkpoint: str, *, wait_s: float,
               caps: Mapping[str, int | None]) -> ComputationExecutor | None:
-        """The executor of ``comp`` on this instance's free share of the target (None: none free).
-
-        A share another instance still holds after :data:`LOOK_AGAIN_S` is looked at again (two
-        started together may each see it free); a dead predecessor's leases are waited for.
+        """The executor of ``comp`` on this instance's free share of the target (None: none free); a share
+        still held after :data:`LOOK_AGAIN_S` is looked at again.
 
         Raises:
-            LeaseHeldError: an interval of its share is still held by another owner after ``wait_s``.
-        """
+            LeaseHeldError: an interval of its share is still held by another owner after ``wait_s``."""
         deadline = time.monotonic() + wait_s
         while True:
             _, free = self.wanted(comp)
@@ -105,8 +102,7 @@ class Sharing:
         """Between micro-batches: (the executor to go on with, whether it changed).
 
         Raises:
-            LeaseLostError: a lease of ``ex`` is lost: the run stops with it.
-        """
+            LeaseLostError: a lease of ``ex`` is lost: the run stops with it."""
         n = type(comp).num_intervals
         try:
             if ex is not None:  # a lost session first: its member znode is gone, the target would give nothing
@@ -126,25 +122,36 @@ class Sharing:
             new |= self.wanted(comp)[1] - held
         if new == held:
             return ex, False  # what it lacks is still held by another instance: a later look
+        return self.move(comp, ex, new, start=lambda ivs: self._executor(comp, checkpoint, ivs, wait_s=0.0,
+                                                                         caps=caps)), True
+
+    def move(self, comp: Computation, ex: ComputationExecutor | None, new: set[int], *,
+             start: Callable[[list[int]], ComputationExecutor],
+             stopped: Callable[[ComputationExecutor], None] | None = None) -> ComputationExecutor | None:
+        """Stop ``ex`` (its delivery settles, its leases go back; then ``stopped(ex)``), then
+        ``start(sorted(new))``; None: ``new`` is empty, or another instance took some meanwhile."""
+        held = sorted(ex.owner.intervals) if ex is not None else []
         t0 = time.monotonic()
         if ex is not None:
-            ex.stop()  # settles its delivery, then gives every lease back
+            ex.stop()
             record_held(self.wiring.authority, self.pipeline.injectors, instance=self.instance, comp=comp,
                         sequencers={})
+            if stopped is not None:
+                stopped(ex)
         if not new:
             self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
-            return None, True
+            return None
         try:
-            nex = self._executor(comp, checkpoint, sorted(new), wait_s=0.0, caps=caps)
-        except LeaseHeldError as exc:  # taken meanwhile by another instance: look again later
+            nex = start(sorted(new))
+        except LeaseHeldError as exc:  # taken meanwhile by another instance: a later look
             self.progress(f"{comp.name}: intervals {sorted(new)} not all free ({exc}); trying again")
-            return None, True
-        self.moves.append(MoveTiming(comp.name, tuple(sorted(held)), tuple(sorted(new)),
-                                     round(time.monotonic() - t0, 3)))
-        self.progress(f"{comp.name}: instance {self.instance} moved from intervals {sorted(held)} to {sorted(new)} in "
-                      f"{time.monotonic() - t0:.1f}s (leases, fence, recovery"
+            return None
+        took = time.monotonic() - t0
+        self.moves.append(MoveTiming(comp.name, tuple(held), tuple(sorted(new)), round(took, 3)))
+        self.progress(f"{comp.name}: instance {self.instance} moved from intervals {held} to {sorted(new)} "
+                      f"in {took:.1f}s (leases, fence, recovery"
                       f"{', catch-up' if any(r.batch_id == CATCH_UP_BATCH for r in nex.reports) else ''})")
-        return nex, True
+        return nex
 
     def idle_batch(self, comp: Computation, checkpoint: str, df: Any, batch_id: int) -> None:
         """A micro-batch while this instance holds no interval of ``comp``: only its positions are logged."""
@@ -156,8 +163,7 @@ class Sharing:
 
     def _executor(self, comp: Computation, checkpoint: str, intervals: Sequence[int], *, wait_s: float,
                   caps: Mapping[str, int | None]) -> ComputationExecutor:
-        """An executor of ``comp`` on ``intervals``, caught up on what earlier owners did not process
-        (acting on ``caps``, held at them)."""
+        """An executor of ``comp`` on ``intervals``, caught up (acting on ``caps``) by :func:`catch_up`."""
         caught: dict[int, int] = {}  # what its estimates record as held: the intervals once caught up on
         ex = self.wiring.stage_executor(self.spark, self.layout, self.pipeline, comp, checkpoint=checkpoint,
                                         instance=self.instance, caught=caught, progress=self.progress,

@@ -1,5 +1,4 @@
-"""One stage of a continuous run: a computation's live query, what its batches and ticks share,
-and its tick (:meth:`Stage.tick`: between batches, a timers-only batch when something became due)."""
+"""One stage of a continuous run: a computation's live query, what its batches and ticks share, its tick."""
 
 from __future__ import annotations
 
@@ -47,8 +46,8 @@ class Stage:
 
     def tick(self, authority: Any, pipeline: Pipeline, *, layout: StoreLayout,
              files: Callable[[str], Any]) -> None:
-        """Between batches: fire what became due (a timers-only batch), if anything did; an upstream
-        computation's watermark is acted on once the query read every version of its stream tables."""
+        """Between batches: a timers-only batch if something became due; an upstream's watermark is acted on
+        once the query read every version of its stream tables."""
         ex = self.ex
         if ex is None or self.replay_id is not None:  # a batch Spark replays decides first, as its first
             return  # attempt did (``lateness.py``)
@@ -77,8 +76,7 @@ class Stage:
             ex.next_batch_inputs(self.inputs(self.next_caps))
 
     def _consumed(self, path: str, files: Callable[[str], Any]) -> bool:
-        """Whether the query's last progress shows it read every version the stream table at ``path``
-        has now (a table with only its creation commit holds no row)."""
+        """Whether the query's last progress shows it read every version the table at ``path`` has now."""
         version = latest_local_version(files(path) or path)  # a local folder or the object store
         if version is None:
             return False  # unreadable: not known

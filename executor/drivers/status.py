@@ -1,5 +1,4 @@
-"""What ``deltawheel status`` and ``report`` show, gathered from a store (a local one read without
-Spark) and its ZooKeeper, per computation."""
+"""What ``deltawheel status`` and ``report`` show, per computation, from a store and its ZooKeeper."""
 
 from __future__ import annotations
 
@@ -47,11 +46,9 @@ class StoreStatus:
         if snap is None or comp is None or not comp["upstream"]:
             return None
         marks = []
-        for up in comp["upstream"]:
-            kind, _, name = up.partition(":")
-            src = snap["injectors"].get(name) if kind == "injector" else snap["computations"].get(name)
-            wm = None if src is None else (src.get("watermark_ms") if kind == "injector"
-                                           else _output(src))
+        for kind, _, name in (up.partition(":") for up in comp["upstream"]):
+            src = snap["injectors" if kind == "injector" else "computations"].get(name)
+            wm = None if src is None else src.get("watermark_ms") if kind == "injector" else _output(src)
             if wm is None:
                 return None
             marks.append(int(wm))

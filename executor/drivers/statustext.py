@@ -1,5 +1,4 @@
-"""A store's status (:mod:`.status`) as text for a terminal: ``deltawheel status`` prints it,
-``deltawheel report`` puts it under its plots."""
+"""A store's status (:mod:`.status`) as text: ``deltawheel status`` prints it, ``report`` shows it."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ def render(st: StoreStatus, *, batches: int = 3) -> str:
         lines.append("no pipeline has run on this store yet (no leases, watermarks or batch figures)")
         return "\n".join(lines)
     for pipeline, comp in comps:
-        lines.append("")
-        lines.append(f"{pipeline} / {comp}")
+        lines += ["", f"{pipeline} / {comp}"]
         ivs = [r for r in st.leases if r["pipeline"] == pipeline and r["computation"] == comp]
         held = [r for r in ivs if r["owner"] is not None]
         owners: dict[str, list[str]] = {}
@@ -93,8 +91,7 @@ def render(st: StoreStatus, *, batches: int = 3) -> str:
 
 
 def _pending(st: StoreStatus, pipeline: str, comp: str, *, running: bool) -> str:
-    """What the pending-productions line says: what is checkpointed in the rows, whether it
-    landed, and what to do when it did not and nothing runs."""
+    """The pending-productions line: how many are checkpointed, landed, and what to do if nothing runs."""
     if st.pending is None:
         return (f"not known without Spark (the rows table has deletion vectors): `deltawheel recover --store "
                 f"{st.store} --pipeline {pipeline}` lists them")

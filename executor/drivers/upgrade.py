@@ -1,5 +1,5 @@
-"""Upgrading every key's state to ``state_version`` at once (``deltawheel upgrade-state``) in one
-fenced, audited commit; one key's failing ``upgrade_state`` refuses it all. docs/operations.md."""
+"""Upgrading every key's state to ``state_version`` in one fenced, audited commit
+(``deltawheel upgrade-state``); one key's failing ``upgrade_state`` refuses it all. docs/operations.md."""
 
 from __future__ import annotations
 
@@ -97,8 +97,8 @@ def upgrade_all(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, 
     LeaseLostError."""
     plan = plan_upgrade(spark, layout, client, pipeline=pipeline, code=code, sample=0)
     if not plan.intervals:
-        return SurgeryResult(computation=code.name, intervals=(), sequencers={}, upserted=(), deleted=(), before={}, version=None,
-                             audit_id=None, planned=False)
+        return SurgeryResult(computation=code.name, intervals=(), sequencers={}, upserted=(), deleted=(),
+                             before={}, version=None, audit_id=None, planned=False)
     n = pipeline_intervals(client, pipeline=pipeline, computation=code.name)
 
     def build(held: Held) -> list[KeyRow]:  # the leases are held: the rows cannot change now

@@ -1,7 +1,6 @@
 """The one place the engine's objects are composed: kazoo client, leases, watermark authority,
 row store, and per computation an :class:`IntervalOwner` and its :class:`ComputationExecutor`.
-Each driver closes what it opened, in its own order.
-"""
+Each driver closes what it opened, in its own order."""
 
 from __future__ import annotations
 
@@ -30,9 +29,9 @@ from .pipeline import Pipeline
 if TYPE_CHECKING:
     from deltawheel.migrations import PlannedMigration
 
-__all__ = ["positions_recorder", "shared_positions", "Wiring", "wire", "owner_of", "executor_of", "recovery_owner", "open_client",
-           "open_client_planned", "migrate_store",
-           "injector_hook", "record_held", "watermark_reader"]
+__all__ = ["positions_recorder", "shared_positions", "Wiring", "wire", "owner_of", "executor_of",
+           "recovery_owner", "open_client", "open_client_planned", "migrate_store", "injector_hook",
+           "record_held", "watermark_reader"]
 
 
 @dataclass(frozen=True)
@@ -60,8 +59,7 @@ class Wiring:
                        **options: Any) -> ComputationExecutor:
         """A stage's executor (not started) on its query's ``checkpoint``: injectors' watermarks published
         after each batch, input positions recorded in each commit. ``instance``: sharing the intervals, it
-        publishes its own estimates (an injector's is the live instances' minimum), holding the intervals
-        in ``caught`` (those caught up on: what it let go of at its start stays released until then)."""
+        publishes its own estimates, holding the intervals in ``caught`` (those caught up on)."""
         injectors = {i.name: i for i in pipeline.injectors}
         feeding = [injectors[s] for s in computation.inputs if s in injectors]
         held = None if instance is None else lambda: {computation.name: dict(caught or {})}
@@ -113,15 +111,14 @@ def executor_of(spark: Any, layout: StoreLayout, computation: Computation, *, ow
 
 def recovery_owner(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, writer: str,
                    computation: Computation) -> IntervalOwner:
-    """The interval owner :func:`~.recover.recover` uses: leases (open ACL) and rows named ``writer``,
-    no watermark authority."""
+    """The interval owner :func:`~.recover.recover` uses: leases (open ACL) and rows named ``writer``."""
     return owner_of(RowStore(spark, layout, writer=writer), LeaseManager(client, pipeline=pipeline, owner=writer),
                     computation)
 
 
 def open_client(spark: Any, layout: StoreLayout, zk: ZkConfig) -> tuple[Any, Callable[[], None]]:
-    """A started kazoo client of ``zk``, arbitrating an object store's commits, and the release of
-    that arbitration (call it after closing the client)."""
+    """A started kazoo client of ``zk`` arbitrating an object store's commits, and the release of that
+    arbitration (called after closing the client)."""
     release = _arbitrate_commits(spark, layout, zk)
     try:
         return connect(zk), release
@@ -142,8 +139,7 @@ def _arbitrate_commits(spark: Any, layout: StoreLayout, zk: ZkConfig) -> Callabl
 
 def open_client_planned(spark: Any, layout: StoreLayout,
                         zk: ZkConfig) -> tuple[Any, list[PlannedMigration], Callable[[], None]]:
-    """:func:`open_client`, with the store's migrations planned while ZooKeeper connects (for
-    :func:`migrate_store`).
+    """:func:`open_client`, with the store's migrations planned meanwhile (for :func:`migrate_store`).
 
     Raises:
         What connecting raises, else what planning raises (the client is closed then)."""
@@ -186,22 +182,19 @@ def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *,
                   instance: str | None = None,
                   held: Callable[[], Mapping[str, Mapping[int, int]]] | None = None,
                   ) -> InjectorHook:
-    """The ``on_batch_end`` hook publishing ``feeding``'s injector watermarks after each micro-batch
-    (:class:`.hooks.InjectorHook`).
+    """The ``on_batch_end`` hook publishing ``feeding``'s watermarks after each micro-batch.
 
     Raises:
         ConfigError: an injector estimates from its pending files (``watermark_percentile``) and no
-            query ``checkpoint`` (whose file log says what was read) is given."""
+            query ``checkpoint`` is given."""
     return InjectorHook(authority, feeding, checkpoint=checkpoint, instance=instance, held=held)
 
 
 def record_held(authority: WatermarkAuthority, injectors: Sequence[Injector], *, instance: str, comp: Computation,
                 sequencers: Mapping[int, int]) -> None:
-    """Record beside ``instance``'s estimate of each of ``injectors`` feeding ``comp`` the intervals
-    it holds now (interval -> lease sequencer; ``{}``: none, as after a stop). Those it held before
-    and holds no longer are kept as released at its estimate now (where it stopped processing
-    them): they hold the injector's watermark back until a later owner caught up on them
-    (``statestore/zk/watermarks/low.py``, ``instances_low``)."""
+    """Record, beside ``instance``'s estimate of each injector feeding ``comp``, the intervals it holds
+    now (interval -> sequencer; ``{}``: none); those it let go hold the watermark back until a later
+    owner caught up on them (``statestore/zk/watermarks/low.py``, ``instances_low``)."""
     for inj in injectors:
         if inj.name in comp.inputs:
             authority.record_held(inj.name, instance, {comp.name: dict(sequencers)})
@@ -214,8 +207,8 @@ def watermark_reader(client: Any, *, pipeline: str) -> WatermarkAuthority:
 
 def positions_recorder(computation: Computation, injectors: Mapping[str, Injector], *, layout: StoreLayout,
                        checkpoint: str, spark: Any = None) -> SharedInput | None:
-    """The executor's ``positions``: what records each commit's input positions (docs/replay.md).
-    None for inputs without positions or a checkpoint the readers cannot reach."""
+    """The executor's ``positions``, recording each commit's input positions (docs/replay.md); None for
+    inputs without positions or a checkpoint the readers cannot reach."""
     from deltawheel.statestore.delta.storefs import files_resolver, supports
     from deltawheel.statestore.exceptions import ConfigError
 
@@ -234,8 +227,7 @@ def positions_recorder(computation: Computation, injectors: Mapping[str, Injecto
 
 def shared_positions(spark: Any, layout: StoreLayout, comp: Computation, injectors: Mapping[str, Injector], *,
                      checkpoint: str) -> SharedInput:
-    """The input positions of an instance sharing ``comp``'s intervals (``protocol/rescale.py``); on
-    s3a:// the checkpoint's logs and the tables' are read with the session's S3 settings."""
+    """The input positions of an instance sharing ``comp``'s intervals (``protocol/rescale.py``)."""
     from deltawheel.statestore.delta.storefs import files_resolver
 
     return shared_input(comp, injectors, table_of=layout.stream, checkpoint=checkpoint,

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ContinuousRun", "StopReport"]
 
+
 class _Stopping(Exception):
     """Raised in a batch Spark begins while the run stops: nothing of it runs (it runs again at the next start)."""
 

@@ -18,14 +18,7 @@ from deltawheel.executor.drivers.engine import connect
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.rowtable.rows import TimeDomain
 
-from .common import (
-    add_spark_args,
-    add_store_arg,
-    add_zk_args,
-    layout_from,
-    spark_from,
-    zookeeper_for,
-)
+from .common import add_spark_args, add_store_arg, add_zk_args, layout_from, spark_from, zookeeper_for
 
 __all__ = ["register", "run_quickstart", "WordCount"]
 

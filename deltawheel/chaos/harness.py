@@ -452,8 +452,9 @@ class _Harness:
 def _save(run: ChaosRun, store: Path) -> None:
     data = run.settings.data.resolve()
     (data / "faults.json").write_text(json.dumps({
-        "seed": run.settings.seed, "store": str(store.relative_to(data)), "object_store": run.settings.object_store,
-        "phases": run.phases, "files": run.files, "drained": run.drained, "tools": run.tools,
+        "seed": run.settings.seed, "store": str(store.relative_to(data)),
+        "object_store": run.settings.object_store, "phases": run.phases, "files": run.files,
+        "drained": run.drained, "tools": run.tools,
         "faults": [asdict(f) for f in run.faults], "kinds": run.kinds, "left_out": run.left_out,
         "skipped": [{**asdict(f), "reason": why} for f, why in run.skipped],
         "exits": [asdict(e) for e in run.exits]}, indent=2) + "\n")

@@ -88,8 +88,8 @@ def _main(argv: Sequence[str] | None) -> int:
             if not disk_full(exc):
                 raise
             cause = (str(exc).strip().splitlines() or [""])[0][:300]
-            err = DiskFullError(f"a write failed, the disk is full ({type(exc).__name__}: {cause}); free space "
-                                "and run the command again")
+            err = DiskFullError(f"a write failed, the disk is full ({type(exc).__name__}: {cause}); free "
+                                "space and run the command again")
         print(f"deltawheel {args.command}: {type(err).__name__}: {err}", file=sys.stderr)
         return exit_code(err)
 

@@ -211,7 +211,8 @@ def _register_fault(sub: Any) -> None:
         ("show", "list the cuts in place"),
     ):
         p = acts.add_parser(name, help=help_text)
-        p.add_argument("--data", default=DEFAULT_HOSTS_DATA, help=f"the test bed's folder (default {DEFAULT_HOSTS_DATA})")
+        p.add_argument("--data", default=DEFAULT_HOSTS_DATA,
+                       help=f"the test bed's folder (default {DEFAULT_HOSTS_DATA})")
         p.add_argument("--hosts", action="store_true", default=True, help="the --hosts test bed (the only choice)")
         if name in ("cut", "heal", "kill"):
             p.add_argument("host", help="s3, zk1, zk2, zk3, master, worker1, worker2 or client")

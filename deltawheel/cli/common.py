@@ -22,8 +22,8 @@ __all__ = ["add_handover_args", "handover_wait_s", "add_store_arg", "add_live_ar
            "add_run_args", "add_max_pause_arg", "add_log_store_zk_args", "add_spark_args", "add_pipeline_arg",
            "add_json_arg", "add_allow_pickle_arg", "add_key_args", "zk_config_from", "spark_from", "layout_from",
            "existing_layout_from", "zookeeper_for", "add_optional_store", "zk_client", "store_zookeeper", "int_list",
-           "computation_code", "timed_say", "engine_from", "say", "print_json", "plural", "say_running", "Progress",
-           "running_store_zk"]
+           "computation_code", "timed_say", "engine_from", "say", "print_json", "plural", "say_running",
+           "Progress", "running_store_zk"]
 
 
 def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -229,8 +229,7 @@ def existing_layout_from(args: argparse.Namespace) -> StoreLayout:
 
 def spark_from(args: argparse.Namespace, *, announce: bool = False, **kw: Any) -> Any:
     """A Spark session with Delta built from ``args`` (``kw``: more :class:`SparkSettings` fields);
-    ``announce``: say on stderr when a JVM starts and is ready. An object store's commits are
-    arbitrated by ``--zk`` (docs/objectstore.md).
+    ``announce``: say on stderr when a JVM starts and is ready.
 
     Raises:
         ConfigError: the store is on an object store and no ZooKeeper is given."""
@@ -275,8 +274,7 @@ def store_zookeeper(args: argparse.Namespace) -> Iterator[tuple[StoreLayout, ZkC
 
 
 def add_optional_store(p: argparse.ArgumentParser) -> None:
-    """Add an optional ``--store`` and the ZooKeeper options (with ``--zk-timeout``) to a
-    ZooKeeper-only command: without ``--zk``, the store's own embedded ZooKeeper."""
+    """Add an optional ``--store`` and the ZooKeeper options (with ``--zk-timeout``)."""
     add_store_arg(p, required=False)
     p.set_defaults(store=None)
     p.description = ((p.description + " ") if p.description else "") + (

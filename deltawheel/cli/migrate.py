@@ -36,8 +36,7 @@ def register(subparsers: Any) -> None:
 
 
 def _refuse_while_running(args: argparse.Namespace, spark: Any, layout: Any) -> None:
-    """Refuse to migrate a store a pipeline runs on, as ``--zk`` (else a local store's running own
-    server) shows; without either, nothing to ask."""
+    """Refuse to migrate a store a pipeline runs on, as ``--zk`` (else its running own server) shows."""
     from deltawheel.migrations.live import refuse_while_running_on
     from deltawheel.statestore.config import ZkConfig
 

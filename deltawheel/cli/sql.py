@@ -1,9 +1,6 @@
-"""``deltawheel sql``, ``inspect`` and ``sql-server``: SQL over a store's decoded views.
-
-``sql`` runs several statements per call (``;``-separated or repeated), or an interactive shell
-when no query is given, in one Spark session. ``sql-server`` serves the same views over Spark's
-Thrift server (HiveServer2, single session), read-only and without authentication: don't bind it
-to a public address."""
+"""``deltawheel sql`` (statements, or a shell), ``inspect`` and ``sql-server``: SQL over a store's
+decoded views. ``sql-server`` (HiveServer2, read-only) has no authentication: don't bind it to a
+public address."""
 
 from __future__ import annotations
 
@@ -170,7 +167,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from deltawheel.statestore.inspection.sqlviews import key_row_from_files
 
     layout = layout_from(args)
-    # a local store's row is read without starting Spark (a JVM start costs 10-30 s)
+    # a local store's row is read without starting Spark
     local = key_row_from_files(layout, computation=args.computation, key=args.key) \
         if layout.is_local and os.path.isdir(layout.rows) else False
     spark = _checked_spark(args) if local is False else None

@@ -66,7 +66,7 @@ def launch_spark(proc: DetachedProcess, spark_class: str, host: str, port: int, 
 
 
 def await_up(proc: DetachedProcess, ready: Any, timeout_s: float, *, check: str = "") -> None:
-    """Wait until ``ready()`` holds for ``proc``; else raise ClusterError with why, ``check`` and the log's tail."""
+    """Wait until ``ready()`` holds for ``proc``; else ClusterError with why, ``check`` and the log's tail."""
     pid = proc.read_pid()
     if pid is None:
         raise ClusterError(f"{proc.name} is not running; start it first")

@@ -295,7 +295,8 @@ class StoreZooKeeper:
 class ZooKeeperUse:
     """The ZooKeeper a caller uses (:attr:`config`) and gives back when done (:meth:`release`, or exit)."""
 
-    def __init__(self, config: ZkConfig, *, owner: StoreZooKeeper | None = None, user: ServerUser | None = None) -> None:
+    def __init__(self, config: ZkConfig, *, owner: StoreZooKeeper | None = None,
+                 user: ServerUser | None = None) -> None:
         self.config = config
         self._owner = owner
         self._user = user

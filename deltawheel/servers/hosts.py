@@ -96,7 +96,7 @@ class HostsCluster:
         self.spark_home = (self.spark_dir / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
                            / "site-packages" / "pyspark")
         self.master_url = f"spark://{self.hosts['master'].address}:{MASTER_PORT}"
-        self.master_ui = f"http://{self.hosts['master'].address}:{MASTER_UI}"  # /json/ lists workers and drivers
+        self.master_ui = f"http://{self.hosts['master'].address}:{MASTER_UI}"  # /json/: workers, drivers
         self.zk_hosts = ",".join(f"{self.hosts[f'zk{i}'].address}:{ZK_PORT}" for i in (1, 2, 3))
         peers = tuple(QuorumPeer(i, self.hosts[f"zk{i}"].address, ZK_PORT, 2888, 3888) for i in (1, 2, 3))
         self.zookeepers = tuple(

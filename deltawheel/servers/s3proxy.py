@@ -53,7 +53,7 @@ class S3ProxyServer(Server):
 
     @classmethod
     def of_data(cls, data_dir: Path | str, *, port: int | None = None, host: str = "127.0.0.1") -> S3ProxyServer:
-        """The server of ``data_dir`` on ``port``, else its earlier start's, else :data:`DEFAULT_OBJECTSTORE_PORT`."""
+        """The server of ``data_dir`` on ``port``, else its last start's, else the default port."""
         if port is None:
             endpoint = read_properties(Path(data_dir) / "s3proxy.conf").get("s3proxy.endpoint")
             port = int(endpoint.rsplit(":", 1)[1]) if endpoint else DEFAULT_OBJECTSTORE_PORT

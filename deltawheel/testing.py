@@ -31,5 +31,6 @@ from deltawheel.executor.windowing.harness import (
 from deltawheel.servers.zookeeper import EmbeddedZooKeeper
 from deltawheel.statestore.clock import ManualClock
 
-__all__ = ["Backend", "ComputationTester", "DeltaBackend", "EmbeddedZooKeeper", "ManualClock", "MemoryBackend", "Output",
-           "Scenario", "assert_panes_equal", "load_scenario", "make_record", "run_scenario", "run_scenarios_lockstep"]
+__all__ = ["Backend", "ComputationTester", "DeltaBackend", "EmbeddedZooKeeper", "ManualClock",
+           "MemoryBackend", "Output", "Scenario", "assert_panes_equal", "load_scenario", "make_record",
+           "run_scenario", "run_scenarios_lockstep"]

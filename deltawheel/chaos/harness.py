@@ -1,7 +1,6 @@
-"""The chaos run: the bank pipeline (:mod:`.bank`) as two ``deltawheel run`` instances on a
-three-server ZooKeeper ensemble and a local store (or S3Proxy, :mod:`.objectstore`), fed a seeded
-input under the fault schedule of :mod:`.faults`, then checked (:mod:`.checker`). The phases and
-the folders under ``data``: docs/reliability.md, "What runs".
+"""The chaos run: the bank pipeline (:mod:`.bank`) as two ``deltawheel run`` instances on a ZooKeeper
+ensemble and a local store (or S3Proxy), fed a seeded input under the schedule of :mod:`.faults`,
+then checked (:mod:`.checker`); phases and folders: docs/reliability.md, "What runs".
 """
 
 from __future__ import annotations

@@ -117,7 +117,8 @@ def _run_replay(args: argparse.Namespace) -> int:
     print(plan.describe(), flush=True)
     if args.plan:
         return 0
-    zk = None if args.zk is None else replace(zk_config_from(args), chroot=shadow_chroot(args.zk_chroot, into))
+    shadow = shadow_chroot(args.zk_chroot, into)
+    zk = None if args.zk is None else replace(zk_config_from(args), chroot=shadow)
     result = replay(spark, plan, code=code, zk=zk, write_path=args.write_path,
                     injectors=() if source is None else source.injectors, progress=say,
                     source=args.source, code_spec=args.code)

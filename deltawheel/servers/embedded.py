@@ -1,6 +1,5 @@
-"""The embedded defaults: with no ``--zk`` a local store runs its own ZooKeeper, recorded in
-``<store>/_zk/`` with a file per process using it; the last live user stops it unless it was started
-to stay (``deltawheel zk start``). An explicit local ``--zk`` is used if it answers, else started
+"""The embedded defaults: with no ``--zk`` a local store runs its own ZooKeeper, recorded in ``<store>/_zk/``
+with a file per user process; the last live user stops it unless ``deltawheel zk start`` started it
 (docs/operations.md).
 """
 

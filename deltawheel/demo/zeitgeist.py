@@ -93,9 +93,8 @@ class AnomalyWindows:
 
 @dataclass(frozen=True, kw_only=True)
 class ZeitgeistParams:
-    """The generator's settings. Event ``i`` has base time ``start_ms + i * 1000 // rate_per_s`` and
-    event time that minus uniform(0..``max_disorder_ms``); a ``late_fraction`` of the events from
-    ``late_after_events`` on is moved ``late_by_ms`` further back."""
+    """The generator's settings: event ``i`` at ``start_ms + i * 1000 // rate_per_s`` minus up to
+    ``max_disorder_ms``; a ``late_fraction`` from ``late_after_events`` on is ``late_by_ms`` later."""
 
     n_events: int
     seed: int
@@ -250,8 +249,7 @@ def write_event_files(table: pa.Table, folder: str, *, events_per_batch: int, fi
 
 class GeneratorInjector:
     """The generator as an injector: :meth:`prepare` writes the events and ``_zeitgeist.json`` into
-    ``folder``, read by a ParquetInjector keyed by ``query``. Watermark: the max event time seen minus
-    ``params.max_disorder_ms``; END_OF_TIME once a batch held the last file, or after :meth:`finish`.
+    ``folder``, read by a ParquetInjector keyed by ``query``; its watermark ends with the last file.
 
     Raises:
         ConfigError: a bad count or generation parameter (checked by :meth:`prepare`)."""

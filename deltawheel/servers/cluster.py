@@ -117,8 +117,8 @@ class SparkStatus:
 
 
 class SparkStandalone:
-    """A Spark standalone master and ``workers`` workers on this machine, each a detached process;
-    ``ports`` maps ``master``, ``master_ui``, ``worker_N`` and ``worker_N_ui`` (free ones when not given)."""
+    """A Spark standalone master and ``workers`` workers, detached processes; ``ports``: ``master``,
+    ``master_ui``, ``worker_N``, ``worker_N_ui`` (default free ones)."""
 
     def __init__(self, data_dir: Path | str, *, ports: dict[str, int] | None = None, workers: int = 2,
                  worker_cores: int = 1, worker_memory: str = "2g", host: str = "127.0.0.1") -> None:
@@ -240,8 +240,8 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
 
 
 class LocalCluster:
-    """A ZooKeeper ensemble and a Spark standalone cluster under one data folder; the ports and parts
-    of an earlier ``up`` in ``data_dir`` (``cluster.json``) win over the arguments."""
+    """A ZooKeeper ensemble and a Spark standalone cluster in ``data_dir``; an earlier ``up``'s ports and
+    parts (``cluster.json``) win over the arguments."""
 
     def __init__(self, data_dir: Path | str, *, zookeeper: bool = True, spark: bool = True, workers: int = 2,
                  worker_memory: str = "2g", zk_servers: int = 3, host: str = "127.0.0.1") -> None:

@@ -72,8 +72,8 @@ class HostsStatus:
 
 
 class HostsCluster:
-    """The hosts test bed; ``subnet``: the first three octets of the hosts' /24; ``services``: which
-    of ``s3``, ``zk``, ``spark`` :meth:`up` starts (default: the last ``up``'s, else all)."""
+    """The hosts test bed on the /24 ``subnet``; ``services``: which of ``s3``, ``zk``, ``spark`` :meth:`up`
+    starts (default: the last ``up``'s, else all)."""
 
     def __init__(self, data_dir: Path | str, *, subnet: str = DEFAULT_SUBNET,
                  services: Sequence[str] | None = None, worker_memory: str = "2g") -> None:

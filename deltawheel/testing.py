@@ -1,7 +1,5 @@
-"""Helpers for testing your own computations and pipelines.
-
-:class:`ComputationTester` runs your computation without Spark; the windowing harness runs
-scenarios (:func:`run_scenario`).
+"""Helpers for testing your own computations: :class:`ComputationTester` runs one without Spark,
+:func:`run_scenario` runs a windowing scenario.
 
 Example (fixed 10 s windows, the default trigger, a sum per window)::
 
@@ -33,18 +31,6 @@ from deltawheel.executor.windowing.harness import (
 from deltawheel.servers.zookeeper import EmbeddedZooKeeper
 from deltawheel.statestore.clock import ManualClock
 
-__all__ = [
-    "Backend",
-    "ComputationTester",
-    "DeltaBackend",
-    "EmbeddedZooKeeper",
-    "ManualClock",
-    "MemoryBackend",
-    "Output",
-    "Scenario",
-    "assert_panes_equal",
-    "load_scenario",
-    "make_record",
-    "run_scenario",
-    "run_scenarios_lockstep",
-]
+__all__ = ["Backend", "ComputationTester", "DeltaBackend", "EmbeddedZooKeeper", "ManualClock",
+           "MemoryBackend", "Output", "Scenario", "assert_panes_equal", "load_scenario", "make_record",
+           "run_scenario", "run_scenarios_lockstep"]

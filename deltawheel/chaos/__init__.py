@@ -1,3 +1,2 @@
-"""Chaos runs (``deltawheel chaos``, docs/reliability.md): the bank pipeline (``bank.py``) under
-seeded faults (``faults.py``), run by ``harness.py``, checked by ``checker.py`` from the input files
-and stream tables alone, reported by ``report.py``."""
+"""Chaos runs (``deltawheel chaos``, docs/reliability.md): the bank pipeline (``bank.py``) under seeded
+faults (``faults.py``), run by ``harness.py``, checked by ``checker.py``, reported by ``report.py``."""

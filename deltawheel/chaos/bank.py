@@ -1,9 +1,5 @@
 """The chaos run's pipeline: a bank in three stages (``bank``, ``ledger``, ``window_sums``) over
 Parquet files of moves (``id``, ``ts`` in ms, ``src``, ``dst``, ``amount``); docs/reliability.md.
-
-``bank`` produces both legs of a move in one call, so every version of ``changes`` sums to zero;
-``ledger``'s ``seq`` shows a leg applied twice or lost. ``deltawheel run
-deltawheel.chaos.bank:pipeline`` builds it over ``$CHAOS_INPUT``.
 """
 
 from __future__ import annotations
@@ -90,8 +86,8 @@ def pipeline() -> Pipeline:
 
 
 def moves(index: int, n: int, *, seed: int) -> list[dict[str, Any]]:
-    """File ``index``'s ``n`` moves: event times in its second (a few up to 1.5 s early, under the
-    watermark delay, so every move is on time when the files are read in order), ids unique."""
+    """File ``index``'s ``n`` moves: event times in its second (a few up to 1.5 s early, within the
+    watermark delay), ids unique."""
     rng = random.Random(seed * 1_000_003 + index)
     base = START_MS + index * FILE_SPAN_MS
     out = []
@@ -103,8 +99,8 @@ def moves(index: int, n: int, *, seed: int) -> list[dict[str, Any]]:
 
 
 def closing_moves(index: int, num_intervals: int = 4) -> list[dict[str, Any]]:
-    """Zero moves (account to itself) far after file ``index``, one per stage-1 key interval: each
-    instance's watermark comes from its own intervals' records, so this closes every earlier window."""
+    """Zero moves far after file ``index``, one per stage-1 key interval: they close every earlier
+    window on every instance."""
     from deltawheel.statestore.rowtable.rows import interval_of
 
     ts = START_MS + index * FILE_SPAN_MS + 10 * (WINDOW_MS + LATENESS_MS)

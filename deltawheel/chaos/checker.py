@@ -1,10 +1,6 @@
-"""The chaos run's checker: reads only the input files (pandas) and the stream tables (the
-``deltalake`` package, not deltawheel's reader), never deltawheel's state or ZooKeeper.
-
-Each failure is a :class:`Violation` naming versions and keys; the checks (``bank``,
-``exactly-once``, ``ledger``, ``windows``, ``stuck``): docs/reliability.md, "What the checker checks".
-Beside the streams a run is judged on the drivers' own exits (a supervisor started each again);
-:func:`recheck` checks a run's folder again from its ``faults.json``.
+"""The chaos run's checker: reads only the input files (pandas) and the stream tables (``deltalake``),
+never deltawheel's state or ZooKeeper, and the drivers' exits. Each failure is a :class:`Violation`
+naming versions and keys; the checks: docs/reliability.md, "What the checker checks".
 """
 
 from __future__ import annotations
@@ -55,8 +51,7 @@ class FaultRecord:
 
 @dataclass
 class CheckResult:
-    """What the checker found: violations, records in and out, each fault's recovery (None: no
-    commit after its heal)."""
+    """What the checker found; a fault's recovery is None without a commit after its heal."""
 
     violations: list[Violation] = field(default_factory=list)
     records_in: int = 0
@@ -82,7 +77,7 @@ def _table(path: str, version: int | None = None) -> Any:
 
 def read_stream(store: Path, stream: str, version: int | None = None) -> Any:
     """The records of ``stream`` (at ``version``) as a pandas frame: ``record_id``, ``key``,
-    ``timestamp_ms`` and the decoded value's fields (empty when the table does not exist)."""
+    ``timestamp_ms`` and the decoded value's fields (empty without the table)."""
     import pandas as pd
 
     path = store / "streams" / stream
@@ -258,8 +253,7 @@ def _windows(got: Any, legs: Any, version: int) -> list[Violation]:
 
 def _progress(commits: dict[str, list[tuple[int, float]]], faults: Sequence[FaultRecord], *, bound_s: float,
               end: float) -> tuple[list[Violation], list[tuple[FaultRecord, float | None]]]:
-    """Each fault's recovery (heal to the next commit of stage 1's stream, the stage the input
-    always gives work) and the streams stuck after it."""
+    """Each fault's recovery (heal to stage 1's next commit) and the streams stuck after it."""
     out: list[Violation] = []
     recoveries: list[tuple[FaultRecord, float | None]] = []
     for f in faults:
@@ -280,8 +274,8 @@ def _progress(commits: dict[str, list[tuple[int, float]]], faults: Sequence[Faul
 
 def check_run(store: Path, input_folder: Path, faults: Sequence[FaultRecord] = (), *, bound_s: float = 600.0,
               end: float | None = None) -> CheckResult:
-    """Every check over the run's input and streams; ``end``: when the run stopped (progress after
-    a heal is required only when the run went on ``bound_s`` past it)."""
+    """Every check over the run's input and streams; ``end``: when the run stopped (progress is
+    required after a heal only when the run went on ``bound_s`` past it)."""
     import time
 
     moves = read_input(input_folder)
@@ -319,17 +313,15 @@ def exits_note(exits: list[DriverExit], driver: str, watched_s: float) -> str:
     return f"the driver ran on for {watched_s:.0f}s"
 
 
-#: The exit codes a driver may stop with under these faults, to be started again: 4 (a lease lost
-#: with an expired session: a ``session-expiry``, a ``net-cut`` past the session timeout; a lease
-#: another process still holds), 9 (a failed batch, a conflict).
+#: The exit codes a driver may stop with under these faults: 4 (a lease lost or held elsewhere),
+#: 9 (a failed batch, a conflict).
 EXPECTED_EXITS = (4, 9)
 #: On an object-store run also 5 with this error: a driver started while S3Proxy is down.
 UNREACHABLE = "ObjectStoreUnreachableError"
 
 
 def exit_violations(exits: list[DriverExit], *, object_store: bool = False) -> list[Violation]:
-    """A driver exit with a code outside :data:`EXPECTED_EXITS` is a violation; on an object-store
-    run an unreachable store (:data:`UNREACHABLE`) is not."""
+    """The driver exits outside :data:`EXPECTED_EXITS` (and, on an object-store run, :data:`UNREACHABLE`)."""
     return [Violation("driver-exit", f"driver {e.driver} exited with {e.code}: {e.error}") for e in exits
             if e.code not in EXPECTED_EXITS and not (object_store and e.code == 5 and e.error.startswith(UNREACHABLE))]
 
@@ -344,7 +336,8 @@ def recheck(data: Path, *, bound_s: float = 600.0) -> tuple[dict[str, Any], Chec
     except (OSError, ValueError) as exc:
         raise ConfigError(f"chaos --recheck {data}: no faults.json of a finished run ({exc})") from exc
     faults = [FaultRecord(**f) for f in saved["faults"]]
-    result = check_run(data / saved.get("store", "store"), data / "input", faults, bound_s=bound_s, end=saved["phases"].get("drained"))
+    result = check_run(data / saved.get("store", "store"), data / "input", faults, bound_s=bound_s,
+                       end=saved["phases"].get("drained"))
     result.violations += exit_violations([DriverExit(**e) for e in saved.get("exits", [])],
                                          object_store=bool(saved.get("object_store")))
     return saved, result

@@ -1,6 +1,5 @@
-"""The store's small disk, for the ``disk-full`` fault: a tmpfs mounted over the store's folder
-(root only), filled by one file up to ENOSPC, held, freed; unmounted at the run's end with the
-store's content copied back to the folder, so the check and ``--recheck`` read it."""
+"""The store's small disk for ``disk-full``: a tmpfs over the store's folder (root only), filled to
+ENOSPC and freed; at the run's end its content is copied back to the folder."""
 
 from __future__ import annotations
 
@@ -65,8 +64,7 @@ class StoreDisk:
         (self.folder / FILLER).unlink(missing_ok=True)
 
     def unmount(self) -> str | None:
-        """Copy the content aside, unmount, put the copy in the folder; None or what went wrong
-        (a busy mount is detached lazily: its content is copied all the same)."""
+        """Copy the content aside, unmount (lazily when busy), put the copy back; None or what went wrong."""
         if not self.mounted:
             return None
         self.free()

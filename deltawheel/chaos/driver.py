@@ -1,8 +1,6 @@
-"""A chaos run's driver: one ``deltawheel run`` of the bank pipeline, started (again) in a session
-of its own that dies with the harness, signalled as a group, and read back from its log; and its
-Python workers, for the ``worker-kill`` fault: pyspark's daemon puts itself and its forked workers
-in a process group of their own, so they are found as descendants of the driver's process
-(``/proc``'s parent ids) by their command line."""
+"""A chaos run's driver (one ``deltawheel run`` in a session of its own that dies with the harness),
+and its Python workers for ``worker-kill``: pyspark's daemon and workers have a process group of
+their own, so they are found as the driver's descendants (``/proc``) by their command line."""
 
 from __future__ import annotations
 
@@ -39,8 +37,8 @@ class Driver:
         return ": running " in text[text.rfind("--- start "):]
 
     def last_error(self) -> str:
-        """What made it exit: the ``deltawheel run: ...Error: ...`` line of its log since its last
-        start, else that start's last line (an uncaught error's traceback ends with it)."""
+        """What made it exit: its ``deltawheel run: ...Error: ...`` line since its last start, else
+        that start's last line."""
         text = self.log.read_text(errors="replace")
         lines = text[text.rfind("--- start "):].splitlines()[1:]
         said = [ln for ln in lines if ln.startswith("deltawheel run:")]

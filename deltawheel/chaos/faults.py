@@ -1,7 +1,5 @@
-"""The chaos run's fault schedule, drawn from a seed before the run (a seed replays it).
-
-Faults of different targets overlap; a target has one fault at a time (one ZooKeeper server down
-at a time keeps the quorum). The kinds, their faults and heals: docs/reliability.md, "What runs".
+"""The chaos run's fault schedule, drawn from a seed: faults of different targets overlap, a target
+has one at a time (docs/reliability.md, "What runs").
 """
 
 from __future__ import annotations
@@ -50,8 +48,7 @@ class PlannedFault:
 
     @property
     def slot(self) -> str:
-        """What one fault at a time holds: the driver, the ensemble, the store's disk, the object
-        store's server or the tools."""
+        """What one fault at a time holds: a driver, the ensemble, the disk, S3Proxy or the tools."""
         if self.target in INSTANCES:
             return self.target
         return "zk" if self.kind.startswith("zk") else {"disk-full": "disk", "s3proxy-kill": "s3"}.get(self.kind, "tools")
@@ -77,11 +74,9 @@ def _target(rng: random.Random, kind: str) -> str:
 
 def plan(seed: int, seconds: float, *, mean_gap_s: float = 5.0, session_timeout_s: float = 6.0,
          settle_s: float = 4.0, kinds: Collection[str] | None = None) -> list[PlannedFault]:
-    """The faults of a chaos phase of ``seconds``: starts a random gap apart (exponential, mean
-    ``mean_gap_s``); a fault whose slot is still busy (its previous fault not healed ``settle_s``
-    before) moves after it. Every fault heals before the phase ends. ``kinds``: those drawn
-    from (default: all of :data:`KINDS`; a run without a tmpfs leaves ``disk-full`` out, a run
-    on a local store ``s3proxy-kill``, a run without Toxiproxy ``net-cut``)."""
+    """The faults of a chaos phase of ``seconds``, a random gap apart (exponential, mean ``mean_gap_s``);
+    a fault whose slot is busy (until ``settle_s`` after its last heal) moves after it; all heal before
+    the phase ends. ``kinds``: those drawn from (default: all of :data:`KINDS`)."""
     rng = random.Random(seed)
     kinds = sorted(KINDS if kinds is None else set(kinds) & set(KINDS))
     weights = [KINDS[k][0] for k in kinds]

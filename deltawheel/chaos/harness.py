@@ -1,10 +1,6 @@
-"""The chaos run: the bank pipeline (:mod:`.bank`) as two ``deltawheel run`` instances sharing its
-intervals on a three-server ZooKeeper ensemble and a local store (or S3Proxy, :mod:`.objectstore`),
-fed by a seeded input under the fault schedule of :mod:`.faults`, then checked (:mod:`.checker`).
-
-Phases: start until both drivers commit; chaos; heal and write the closing moves; drain; stop;
-check (docs/reliability.md, "What runs"). Under ``data``: ``input/``, ``store/`` (or ``s3/``),
-``zk/``, ``logs/``, ``replays/``, ``toxiproxy/``, ``faults.json``.
+"""The chaos run: the bank pipeline (:mod:`.bank`) as two ``deltawheel run`` instances on a ZooKeeper
+ensemble and a local store (or S3Proxy), fed a seeded input under the schedule of :mod:`.faults`,
+then checked (:mod:`.checker`); phases and folders: docs/reliability.md, "What runs".
 """
 
 from __future__ import annotations
@@ -120,7 +116,6 @@ class _Harness:
         self.disk = StoreDisk(self.s3.blobs if self.s3 else self.store, settings.store_tmpfs_mb)
         self.netcut: NetCut | None = None  # the drivers' proxies, with ``net-cut`` among the kinds
 
-    # --- set-up -----------------------------------------------------------------------------
     def prepare(self) -> None:
         unmount_stale(self.disk.folder)
         if self.data.exists():
@@ -192,7 +187,6 @@ class _Harness:
                            "--driver-memory", "1g")
             self.drivers[name] = Driver(name=name, cmd=cmd, log=self.logs / f"driver-{name}.log", env=self.env(name))
 
-    # --- input ------------------------------------------------------------------------------
     def write_next(self) -> None:
         write_moves(self.input, self.file_index, moves(self.file_index, self.s.moves_per_file, seed=self.s.seed))
         self.file_index += 1
@@ -201,7 +195,6 @@ class _Harness:
         while not self.stop_input.wait(self.s.file_every_s):
             self.write_next()
 
-    # --- faults -----------------------------------------------------------------------------
     def tool(self, name: str, *args: str) -> int:
         """Run ``deltawheel args`` into ``logs/tool-<name>.log``; record and return its exit code
         (-1: not started, the run stopping; -9: killed after ``tool_timeout_s``)."""
@@ -248,7 +241,6 @@ class _Harness:
         self.say(f"chaos: {f.kind} on {target} at {start - self.run.phases['chaos']:.1f}s, healed after "
                  f"{heal - start:.1f}s {note}".rstrip())
 
-    # --- the phases -------------------------------------------------------------------------
     def driver_fault(self, f: PlannedFault, d: Driver) -> tuple[float, str]:
         """Kill or stop driver ``d`` (or one of its Python workers), heal it; return the heal's time
         once it runs again, and a note."""
@@ -278,8 +270,8 @@ class _Harness:
         return heal, note
 
     def worker_kill(self, f: PlannedFault, d: Driver) -> tuple[float, str]:
-        """SIGKILL of one Python worker of ``d`` (drawn with the seed); watch the driver for the
-        fault's duration and say what it did. Raises :class:`_Skipped` without a worker."""
+        """SIGKILL one Python worker of ``d`` (drawn with the seed), watch the driver for the fault's
+        duration; raises :class:`_Skipped` without a worker."""
         proc = d.proc
         workers = python_workers(proc.pid) if proc is not None and proc.poll() is None else []
         if not workers:
@@ -304,8 +296,8 @@ class _Harness:
         return heal, note + (f"; its log: {seen[0][:200]}" if seen else "")
 
     def net_cut(self, f: PlannedFault, d: Driver) -> tuple[float, str]:
-        """Cut driver ``d``'s proxies for the fault's duration and restore them; watch it for the
-        session timeout and, if its session expired, until it stopped and was started again."""
+        """Cut driver ``d``'s proxies for the fault's duration; watch it for the session timeout and,
+        if its session expired, until it was started again."""
         assert self.netcut is not None
         with self.lock:
             exits_before, starts = len(self.run.exits), d.starts
@@ -326,8 +318,7 @@ class _Harness:
                 self.run.exits[exits_before:], d.name, time.time() - begin)
 
     def other_fault(self, f: PlannedFault) -> tuple[str, str]:
-        """A ZooKeeper server's or S3Proxy's kill and restart, the store's disk filled and freed, or
-        an operator tool (:mod:`.tools`); returns (target, note)."""
+        """A server's kill and restart, the disk filled and freed, or a tool; returns (target, note)."""
         if f.kind.startswith("zk"):
             myid = int(f.target[2:]) if f.target != "leader" else (self.ensemble.leader() or 1)
             self.ensemble.kill(myid)
@@ -350,15 +341,13 @@ class _Harness:
         return tool_fault(self, f)
 
     def wait_back(self, d: Driver) -> None:
-        """Hold the driver's slot until it runs again (the next fault on it hits a running driver,
-        not one still starting Spark)."""
+        """Hold the driver's slot until it runs again (the next fault hits a running driver)."""
         deadline = time.monotonic() + self.s.start_s
         while not d.running() and time.monotonic() < deadline and not self.stopping.wait(1.0):
             pass
 
     def supervise(self) -> None:
-        """What a supervisor (systemd, Kubernetes) does: restart a driver that exits (a run stops on
-        an expired session or a failed batch by design), recording each exit's code and error line."""
+        """As a supervisor (systemd, Kubernetes): restart a driver that exits, recording its exit."""
         while not self.stopping.wait(1.0):
             with self.lock:
                 for d in self.drivers.values():
@@ -462,9 +451,10 @@ class _Harness:
 def _save(run: ChaosRun, store: Path) -> None:
     data = run.settings.data.resolve()
     (data / "faults.json").write_text(json.dumps({
-        "seed": run.settings.seed, "store": str(store.relative_to(data)), "object_store": run.settings.object_store, "phases": run.phases, "files": run.files, "drained": run.drained,
-        "tools": run.tools, "faults": [asdict(f) for f in run.faults],
-        "kinds": run.kinds, "left_out": run.left_out,
+        "seed": run.settings.seed, "store": str(store.relative_to(data)),
+        "object_store": run.settings.object_store, "phases": run.phases, "files": run.files,
+        "drained": run.drained, "tools": run.tools,
+        "faults": [asdict(f) for f in run.faults], "kinds": run.kinds, "left_out": run.left_out,
         "skipped": [{**asdict(f), "reason": why} for f, why in run.skipped],
         "exits": [asdict(e) for e in run.exits]}, indent=2) + "\n")
 
@@ -473,9 +463,8 @@ def run_chaos(settings: ChaosSettings, *, say: Callable[[str], None] = print) ->
     """One chaos run and its check (``run.result``); every process it started is stopped on the way out.
 
     Raises:
-        ConfigError: ``settings.kinds`` names an unknown kind, or one this run cannot make
-            (``s3proxy-kill`` on a local store, ``net-cut`` without Toxiproxy), ``settings.data``
-            holds something else, or the drivers never committed."""
+        ConfigError: ``settings.kinds`` names an unknown kind or one this run cannot make,
+            ``settings.data`` holds something else, or the drivers never committed."""
     unknown = sorted(set(settings.kinds) - set(KINDS))
     if unknown:
         raise ConfigError(f"chaos: no fault kind {', '.join(unknown)}; the kinds: {', '.join(sorted(KINDS))}")
@@ -486,15 +475,14 @@ def run_chaos(settings: ChaosSettings, *, say: Callable[[str], None] = print) ->
                           "or leave net-cut out of --kinds")
     h = _Harness(settings, say)
     before = os.environ.get(DIE_WITH_ENV)
-    os.environ[DIE_WITH_ENV] = str(os.getpid())  # the servers (ZooKeeper, S3Proxy, Toxiproxy) die with this process too
+    os.environ[DIE_WITH_ENV] = str(os.getpid())  # the servers it starts die with this process too
     try:
         run = h.execute()
     finally:
         h.stop()
         h.stop_input.set()
-        if before is None:
-            os.environ.pop(DIE_WITH_ENV, None)
-        else:
+        os.environ.pop(DIE_WITH_ENV)
+        if before is not None:
             os.environ[DIE_WITH_ENV] = before
     run.faults.sort(key=lambda f: f.start)
     _save(run, h.store)

@@ -1,9 +1,5 @@
-"""The ``net-cut`` fault: a driver's network to ZooKeeper (and S3Proxy) cut and restored through
-the run's own Toxiproxy (docs/reliability.md, "What runs").
-
-A cut disables every proxy of one driver; the store's local folder is not cut, so a driver cut
-past its session timeout is a partitioned zombie that fencing must stop. :func:`member_session`
-reads, on the direct addresses, whether its session expired.
+"""The ``net-cut`` fault: a driver's proxies to ZooKeeper (and S3Proxy) in the run's Toxiproxy disabled
+and enabled again; a local store is not cut (docs/reliability.md, "What runs").
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ __all__ = ["NetCut", "member_session", "session_after", "start_net_cut", "toxipr
 
 
 def toxiproxy_missing() -> str | None:
-    """None where the Toxiproxy server can run (built once with ``go install`` into the per-user
-    cache if needed), else why not (no Go, the build failed)."""
+    """None where the Toxiproxy server can run (built once if needed), else why not."""
     try:
         ensure_toxiproxy(quiet=True)
     except ObjectStoreServerError as exc:
@@ -35,10 +30,8 @@ def toxiproxy_missing() -> str | None:
     return None
 
 
-
 def start_net_cut(folder: Path, *, zk: list[str], s3: str | None) -> NetCut | str:
-    """A started :class:`NetCut` with the proxies of every driver of :data:`.faults.INSTANCES`, or
-    why not (Toxiproxy missing, the server or a proxy failed) on one line."""
+    """A started :class:`NetCut` with the proxies of every driver of :data:`.faults.INSTANCES`, or why not."""
     reason = toxiproxy_missing()
     if reason is not None:
         return reason
@@ -60,8 +53,8 @@ def _member_session(hosts: str, chroot: str, instance: str) -> int | None:
 
 
 def member_session(hosts: str, chroot: str, instance: str) -> int | None:
-    """The id of the session holding ``instance``'s membership of the chaos pipeline, read on
-    ``hosts`` (the direct addresses, not the proxies); None: not a member, or no answer."""
+    """The id of the session holding ``instance``'s membership, read on ``hosts`` (not the proxies);
+    None: not a member, or no answer."""
     try:
         return _member_session(hosts, chroot, instance)
     except (ZooKeeperServerError, KazooException):
@@ -69,8 +62,8 @@ def member_session(hosts: str, chroot: str, instance: str) -> int | None:
 
 
 def session_after(hosts: str, chroot: str, instance: str, before: int | None) -> str:
-    """Whether ``instance``'s session of ``before`` (:func:`member_session` before a cut) ``held``
-    or ``expired`` (its member znode gone or another session's), or why that is ``unknown``."""
+    """Whether ``instance``'s session ``before`` (:func:`member_session`) ``held`` or ``expired``, or
+    why ``unknown``."""
     if before is None:
         return "unknown (no member znode before the cut)"
     try:
@@ -80,8 +73,8 @@ def session_after(hosts: str, chroot: str, instance: str, before: int | None) ->
 
 
 class NetCut:
-    """A Toxiproxy server in ``folder`` with each driver's proxies to the ZooKeeper servers at
-    ``zk`` (``host:port`` each) and to S3Proxy at ``s3`` (``host:port``, or None: no S3 proxy)."""
+    """A Toxiproxy server in ``folder`` with each driver's proxies to ZooKeeper at ``zk`` and S3Proxy at
+    ``s3`` (``host:port``; None: no S3 proxy)."""
 
     def __init__(self, folder: Path, *, zk: list[str], s3: str | None = None) -> None:
         self.folder = folder
@@ -90,12 +83,10 @@ class NetCut:
         self.ports: dict[str, int] = {}  # proxy name -> its listening port
 
     def start(self, instances: tuple[str, ...]) -> None:
-        """Start the server (it dies with the process named by ``DELTAWHEEL_SERVERS_DIE_WITH``, as
-        every server the run starts) and make each instance's proxies, enabled.
+        """Start the server and make each instance's proxies, enabled.
 
         Raises:
-            ObjectStoreServerError: no Toxiproxy binary, the server did not answer, or a proxy was
-                refused (the server is stopped again)."""
+            ObjectStoreServerError: no Toxiproxy, or the server or a proxy failed (it is stopped again)."""
         names = [f"{i}-zk{n}" for i in instances for n in range(1, len(self.zk) + 1)]
         names += [f"{i}-s3" for i in instances] if self.s3 is not None else []
         api, *listen = free_ports(1 + len(names))

@@ -1,8 +1,5 @@
-"""The store of an ``--object-store`` chaos run: ``s3a://chaos/store`` on a local S3Proxy under
-the run's ``s3/``, and the ``s3proxy-kill`` fault (SIGKILL, restarted on the same data and port).
-
-The filesystem backend keeps each object as a file named by its key, so the checker reads the
-streams from ``s3/blobs/chaos/store`` as local Delta tables, with the server stopped too.
+"""The store of an ``--object-store`` chaos run: ``s3a://chaos/store`` on a local S3Proxy under the
+run's ``s3/`` (the checker reads ``s3/blobs/chaos/store`` as local tables), and ``s3proxy-kill``.
 """
 
 from __future__ import annotations
@@ -49,8 +46,7 @@ class ChaosObjectStore:
         return self.server.kill() if self.server is not None else None
 
     def restart(self, attempts: int = 5) -> None:
-        """Start it again on the same data and port; returns once it answers (a start that fails,
-        the port not yet given back, is tried again, 2 s later).
+        """Start it again on the same data and port (a failed start is tried again 2 s later).
 
         Raises:
             ObjectStoreServerError: the last attempt's error."""

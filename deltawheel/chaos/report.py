@@ -1,10 +1,11 @@
-"""The table a chaos run ends with: faults by kind with their recovery times, records in and out,
-the tools' exit codes, the violations."""
+"""The table a chaos run ends with (:func:`table`)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import Mapping, Sequence
+
+import numpy as np
 
 from .checker import CheckResult
 from .faults import KINDS
@@ -14,20 +15,14 @@ __all__ = ["table", "percentile"]
 
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0-100) of ``values``, linear between the nearest ranks."""
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return float(np.percentile(values, q))
 
 
 def table(seed: int, result: CheckResult, *, tools: Mapping[str, Sequence[int]] | None = None,
           exits: Sequence[tuple[str, int, str]] = (), drained: bool = True,
           skipped: Sequence[tuple[str, str]] = (), left_out: Mapping[str, str] | None = None) -> str:
-    """The report: per fault kind the count, recovery p50/p99/max (s) and how many saw no commit
-    after their heal; the faults skipped (kind, reason) and the kinds left out (``disk-full``
-    without a tmpfs, ``net-cut`` without Toxiproxy) and why; the records, the tools' and drivers'
-    exits, then every violation."""
+    """The report: per fault kind the count, recovery p50/p99/max (s) and how many saw no commit after
+    their heal; the faults skipped and the kinds left out, why; records, exits, violations."""
     lines = [f"chaos seed {seed}",
              f"{'fault':<16}{'count':>6}{'p50 s':>8}{'p99 s':>8}{'max s':>8}{'no commit':>11}"]
     by_kind: dict[str, list[float | None]] = {}

@@ -1,8 +1,6 @@
-"""The operator tools a chaos run starts beside its pipeline, one at a time (the "tools" slot).
-
-Each runs as an operator would against the live pipeline; its exit code and last line are
-recorded. A tool that refuses while the pipeline holds the leases is an outcome, not a violation:
-only the streams say whether a tool damaged anything. What each tool does: docs/reliability.md.
+"""The operator tools a chaos run starts beside its pipeline, one at a time, their exit codes and
+last lines recorded: a refusal is an outcome, the streams say whether a tool damaged anything
+(docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -14,8 +14,7 @@ from deltawheel.statestore.exceptions import EXIT_CODES, DeltaWheelError, DiskFu
 
 __all__ = ["main", "build_parser"]
 
-# the exit status of a command whose output pipe closed (``deltawheel zk status | head``): as a
-# tool the SIGPIPE signal ended (128 + 13)
+# the exit status of a command whose output pipe closed (``deltawheel zk status | head``): SIGPIPE's
 CLOSED_PIPE_STATUS = 141  # EXIT_CODES
 
 
@@ -41,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``deltawheel`` command line ``argv`` (default: the process's); returns the exit status:
-    a :class:`DeltaWheelError`'s class's exit code (:data:`EXIT_CODES`, its message on one line), 2 for
-    usage errors, 130 for Ctrl-C, 141 for a closed output pipe."""
+    a :class:`DeltaWheelError`'s exit code (:data:`EXIT_CODES`), 2 for usage errors, 130 for Ctrl-C,
+    141 for a closed output pipe."""
     try:
         rc = _main(argv)
         sys.stdout.flush()  # what is still buffered: a closed pipe shows here, not at the exit
@@ -58,9 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return CLOSED_PIPE_STATUS
 
 
-def _stdout_closed() -> bool:
-    """Whether standard output is a pipe whose reading end is closed (poll reports POLLERR for
-    such a pipe's writing end)."""
+def _stdout_closed() -> bool:  # poll reports POLLERR for a pipe whose reading end is closed
     try:
         poller = select.poll()
         poller.register(sys.stdout.fileno(), select.POLLOUT)
@@ -81,20 +78,18 @@ def _main(argv: Sequence[str] | None) -> int:
     args.verbose = args.verbose or verbose
     logs.configure(args.verbose)
     try:
-        rc = args.func(args)
-    except DeltaWheelError as exc:
-        print(f"deltawheel {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return exit_code(exc)
+        return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print(f"deltawheel {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # a full disk under any write (Python's or the JVM's) is typed, exit 9
-        if not disk_full(exc):
-            raise
-        cause = (str(exc).strip().splitlines() or [""])[0][:300]
-        err = DiskFullError(f"a write failed, the disk is full ({type(exc).__name__}: {cause}); free space and "
-                            "run the command again")
+        err = exc
+        if not isinstance(exc, DeltaWheelError):
+            if not disk_full(exc):
+                raise
+            cause = (str(exc).strip().splitlines() or [""])[0][:300]
+            err = DiskFullError(f"a write failed, the disk is full ({type(exc).__name__}: {cause}); free "
+                                "space and run the command again")
         print(f"deltawheel {args.command}: {type(err).__name__}: {err}", file=sys.stderr)
         return exit_code(err)
-    return int(rc or 0)
 

@@ -1,7 +1,5 @@
-"""``deltawheel bench``: the benchmark scripts of ``benchmarks/`` as subcommands (docs/benchmarks.md).
-
-Each writes its JSON (and PNG) into ``--out``; the modules are imported only when one runs, so
-``deltawheel --help`` stays fast."""
+"""``deltawheel bench``: the benchmarks of ``benchmarks/`` as subcommands, each imported only when it
+runs (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ __all__ = ["register"]
 
 
 def _runs(module: str) -> Callable[[argparse.Namespace], int]:
-    """``deltawheel.benchmarks.<module>.run_from_args``, with standard output line-buffered (a
-    pipe's block buffering would hold the progress lines back until the benchmark ends)."""
+    """``deltawheel.benchmarks.<module>.run_from_args``, standard output line-buffered."""
 
     def run(args: argparse.Namespace) -> int:
         if isinstance(sys.stdout, io.TextIOWrapper):

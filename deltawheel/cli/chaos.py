@@ -42,8 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def replay_command(args: argparse.Namespace, seed: int) -> str:
-    """The command that replays this run's input and fault schedule: its seed and every option that
-    shapes the schedule (``--data`` and ``--bound`` do not)."""
+    """The command that replays this run's input and fault schedule."""
     line: str = f"deltawheel chaos --seed {seed} --seconds {args.seconds:g}"
     if args.mean_gap != MEAN_GAP_S:
         line += f" --mean-gap {args.mean_gap:g}"

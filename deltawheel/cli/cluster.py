@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             p.add_argument("--fresh", action="store_true", help="with --hosts: delete the hosts' data first "
                                                                 "(ZooKeeper's, the buckets, the logs)")
         p.set_defaults(func=lambda args, f=funcs: f[args.hosts](args))  # with --hosts: the test bed's
-    _register_fault(sub, DEFAULT_HOSTS_DATA)
+    _register_fault(sub)
 
 
 def _data(args: argparse.Namespace) -> str:
@@ -197,7 +197,7 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if st.healthy else 1
 
 
-def _register_fault(sub: Any, default_data: str) -> None:
+def _register_fault(sub: Any) -> None:
     """Add ``cluster fault cut|heal|kill|restart|show``: faults between the hosts of the test bed."""
     fault = sub.add_parser("fault", help="inject a fault between hosts of the --hosts test bed: cut a host off "
                            "(whole or from some hosts), heal it, kill it whole, start what was killed")
@@ -211,8 +211,8 @@ def _register_fault(sub: Any, default_data: str) -> None:
         ("show", "list the cuts in place"),
     ):
         p = acts.add_parser(name, help=help_text)
-        p.add_argument("--data", default=default_data,
-                       help=f"the test bed's folder (default {default_data})")
+        p.add_argument("--data", default=DEFAULT_HOSTS_DATA,
+                       help=f"the test bed's folder (default {DEFAULT_HOSTS_DATA})")
         p.add_argument("--hosts", action="store_true", default=True, help="the --hosts test bed (the only choice)")
         if name in ("cut", "heal", "kill"):
             p.add_argument("host", help="s3, zk1, zk2, zk3, master, worker1, worker2 or client")
@@ -225,7 +225,6 @@ def _register_fault(sub: Any, default_data: str) -> None:
 def _fault(args: argparse.Namespace) -> int:
     from ..servers.hostfaults import HostFaults
     from ..servers.hosts import HostsCluster
-
 
     faults = HostFaults(HostsCluster(os.path.abspath(args.data)))
     what = args.fault_command

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, Callable, Iterator
 
 from deltawheel.executor.session import build_spark
 from deltawheel.statestore.config import DEFAULT_ZK_PORT, ZkConfig
@@ -22,7 +22,8 @@ __all__ = ["add_handover_args", "handover_wait_s", "add_store_arg", "add_live_ar
            "add_run_args", "add_max_pause_arg", "add_log_store_zk_args", "add_spark_args", "add_pipeline_arg",
            "add_json_arg", "add_allow_pickle_arg", "add_key_args", "zk_config_from", "spark_from", "layout_from",
            "existing_layout_from", "zookeeper_for", "add_optional_store", "zk_client", "store_zookeeper", "int_list",
-           "computation_code", "timed_say", "engine_from", "say", "print_json", "plural", "say_running", "Progress"]
+           "computation_code", "timed_say", "engine_from", "say", "print_json", "plural", "say_running",
+           "Progress", "running_store_zk"]
 
 
 def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -53,15 +54,14 @@ def add_allow_pickle_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_key_args(p: argparse.ArgumentParser) -> None:
-    """Add ``--computation`` and ``--key`` (one key's rows), and ``--allow-pickle``."""
+    """Add ``--computation``, ``--key`` and ``--allow-pickle``."""
     p.add_argument("--computation", required=True)
     p.add_argument("--key", required=True)
     add_allow_pickle_arg(p)
 
 
 def add_zk_args(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:
-    """Add the ZooKeeper options (connection string, chroot, digest, session timeout) to ``p``;
-    ``timeout``: also ``--zk-timeout``, how long a tool waits for ZooKeeper."""
+    """Add the ZooKeeper options to ``p``; ``timeout``: also ``--zk-timeout``."""
     g = p.add_argument_group("ZooKeeper")
     g.add_argument(
         "--zk", default=os.environ.get("DELTAWHEEL_ZK"),
@@ -79,12 +79,7 @@ def add_zk_args(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:
                         f"{ZkConfig.session_timeout_s:g}): a shorter outage only pauses commits, a longer one "
                         "stops the run; a killed run's leases stay held this long")
     if timeout:
-        add_zk_timeout_arg(p)
-
-
-def add_zk_timeout_arg(p: argparse.ArgumentParser) -> None:
-    """Add ``--zk-timeout``: how long a tool waits for ZooKeeper."""
-    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+        p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
 
 
 def add_zk_spark_args(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:
@@ -116,7 +111,7 @@ def handover_wait_s(args: argparse.Namespace) -> float:
 
 
 def add_max_pause_arg(p: argparse.ArgumentParser) -> None:
-    """Add ``--max-pause SECONDS`` (how long a running pipeline pauses while ZooKeeper does not serve)."""
+    """Add ``--max-pause SECONDS``."""
     p.add_argument("--max-pause", type=_non_negative, default=DEFAULT_MAX_PAUSE_S, metavar="SECONDS",
                    help="while ZooKeeper does not serve (the ensemble lost its quorum, the server is down) batches "
                         "pause, commit nothing, and resume when it serves again; stop the run after this many "
@@ -126,7 +121,7 @@ def add_max_pause_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_gc_every_arg(p: Any) -> None:
-    """Add ``--gc-every N|DURATION`` (gc's Delta passes from the running pipeline, ``gc/background.py``)."""
+    """Add ``--gc-every N|DURATION`` (``gc/background.py``)."""
     p.add_argument("--gc-every", default=None, type=_gc_every, metavar="N|DURATION",
                    help="run gc's Delta passes (OPTIMIZE, VACUUM past 168 h, log checkpoints, metrics retention 720 h) "
                         "from the running pipeline every N batches (e.g. 50) or every DURATION (30s, 10m, 1h), in a "
@@ -155,8 +150,8 @@ def _non_negative(text: str) -> float:
 
 
 def add_log_store_zk_args(p: argparse.ArgumentParser, *, digest: bool = False) -> None:
-    """Add ``--zk`` / ``--zk-chroot`` for a command that commits to an ``s3a://`` store but holds no lease;
-    ``digest``: also ``--zk-digest`` (the pipelines' ACLs) and ``--zk-timeout``."""
+    """Add ``--zk`` / ``--zk-chroot`` for a command that commits to an ``s3a://`` store but holds no
+    lease; ``digest``: also ``--zk-digest`` and ``--zk-timeout``."""
     g = p.add_argument_group("ZooKeeper (object-store stores only)")
     g.add_argument("--zk", default=os.environ.get("DELTAWHEEL_ZK"),
                    help="ZooKeeper connection string host:port[,host:port] that arbitrates commits to an "
@@ -166,7 +161,7 @@ def add_log_store_zk_args(p: argparse.ArgumentParser, *, digest: bool = False) -
     if digest:
         p.add_argument("--zk-digest", default=os.environ.get("DELTAWHEEL_ZK_DIGEST"),
                        help="user:password of the pipelines' ZooKeeper ACLs (env DELTAWHEEL_ZK_DIGEST)")
-        add_zk_timeout_arg(p)
+        p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
 
 
 def add_spark_args(p: argparse.ArgumentParser) -> None:
@@ -177,17 +172,20 @@ def add_spark_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--driver-memory", default="2g")
 
 
+def running_store_zk(layout: StoreLayout) -> str | None:
+    """The connection string of a local store's own ZooKeeper when it runs, else None."""
+    from ..servers.embedded import StoreZooKeeper
+
+    running = StoreZooKeeper(layout).running() if layout.is_local else None
+    return None if running is None else running.hosts
+
+
 def zk_config_from(args: argparse.Namespace) -> ZkConfig:
     """The ZooKeeper settings of ``args`` (no ``--zk``: a local store's running server, else :2181)."""
     hosts = args.zk
     if hosts is None:
-        hosts = f"127.0.0.1:{DEFAULT_ZK_PORT}"
-        if getattr(args, "store", None):
-            from ..servers.embedded import StoreZooKeeper
-
-            layout = layout_from(args)
-            running = StoreZooKeeper(layout).running() if layout.is_local else None
-            hosts = running.hosts if running is not None else hosts
+        running = running_store_zk(layout_from(args)) if getattr(args, "store", None) else None
+        hosts = running or f"127.0.0.1:{DEFAULT_ZK_PORT}"
     return ZkConfig(hosts=hosts, chroot=args.zk_chroot, digest=args.zk_digest,
                     session_timeout_s=getattr(args, "zk_session_timeout", ZkConfig.session_timeout_s))
 
@@ -231,8 +229,7 @@ def existing_layout_from(args: argparse.Namespace) -> StoreLayout:
 
 def spark_from(args: argparse.Namespace, *, announce: bool = False, **kw: Any) -> Any:
     """A Spark session with Delta built from ``args`` (``kw``: more :class:`SparkSettings` fields);
-    ``announce``: say on stderr when a JVM starts and is ready. An object store's commits are
-    arbitrated by ``--zk`` (docs/objectstore.md).
+    ``announce``: say on stderr when a JVM starts and is ready.
 
     Raises:
         ConfigError: the store is on an object store and no ZooKeeper is given."""
@@ -277,8 +274,7 @@ def store_zookeeper(args: argparse.Namespace) -> Iterator[tuple[StoreLayout, ZkC
 
 
 def add_optional_store(p: argparse.ArgumentParser) -> None:
-    """Add an optional ``--store`` and the ZooKeeper options (with ``--zk-timeout``) to a
-    ZooKeeper-only command: without ``--zk``, the store's own embedded ZooKeeper."""
+    """Add an optional ``--store`` and the ZooKeeper options (with ``--zk-timeout``)."""
     add_store_arg(p, required=False)
     p.set_defaults(store=None)
     p.description = ((p.description + " ") if p.description else "") + (
@@ -396,14 +392,13 @@ def say_running(running: bool, pid: int | None, port: object, data_dir: str) -> 
 
 
 class Progress:
-    """Progress lines of a long command, one per step on stderr (stdout keeps the result):
-    ``step(what)`` prints ``deltawheel CMD: [i/N] what (12.3 s, about 40 s left)`` (mean time per step)."""
+    """Progress lines of a long command on stderr: ``step(what)`` prints
+    ``deltawheel CMD: [i/N] what (12.3 s, about 40 s left)``."""
 
-    def __init__(self, command: str, total: int | None, *, out: TextIO | None = None) -> None:
+    def __init__(self, command: str, total: int | None) -> None:
         self.command = command
         self.total = total
         self.done = 0
-        self._out = out
         self._started = time.monotonic()
 
     def step(self, what: str) -> None:
@@ -413,6 +408,5 @@ class Progress:
         eta = ""
         if self.total and self.done:
             eta = f", about {elapsed / self.done * (self.total - self.done):.0f} s left"
-        print(f"deltawheel {self.command}: {count}{what} ({elapsed:.1f} s{eta})", file=self._out or sys.stderr,
-              flush=True)
+        print(f"deltawheel {self.command}: {count}{what} ({elapsed:.1f} s{eta})", file=sys.stderr, flush=True)
         self.done += 1

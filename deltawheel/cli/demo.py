@@ -1,8 +1,6 @@
-"""``deltawheel demo``: the Zeitgeist pipeline on the embedded defaults (the README's main command).
-
-Deterministic for (--events, --seed): re-running the same command after a kill resumes and finishes
-with exactly the same rows. ``--follow`` runs the stages live instead (``deltawheel/demo/follow.py``;
-docs/continuous.md, "The demo, live")."""
+"""``deltawheel demo``: the Zeitgeist pipeline on the embedded defaults, deterministic for (--events,
+--seed): a re-run after a kill resumes and ends with the same rows. ``--follow`` runs it live
+(``deltawheel/demo/follow.py``; docs/continuous.md, "The demo, live")."""
 
 from __future__ import annotations
 
@@ -24,8 +22,6 @@ from .common import (
 )
 
 __all__ = ["register", "demo_injector", "demo_computations", "parse_retention"]
-
-_UNIT_S = {"s": 1, "m": 60, "h": 3600}
 
 
 def register(sub: Any) -> None:
@@ -121,7 +117,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def demo_injector(args: argparse.Namespace, layout: Any) -> Any:
-    """The generator injector of a bounded demo's ``args``, its files under :func:`_input_root`.
+    """The generator injector of a bounded demo's ``args``.
 
     Raises:
         ConfigError: a ``--scale`` that is not a positive number.
@@ -147,7 +143,7 @@ def demo_computations(args: argparse.Namespace, *, window_ms: int | None = None)
 
 
 def parse_retention(text: str) -> Any:
-    """The ``timedelta`` of a ``--dedup-retention`` value: a number > 0 with its unit (s, m or h).
+    """The ``timedelta`` of a ``--dedup-retention`` value: a duration > 0 with its unit, as ``--gc-every``'s.
 
     >>> parse_retention("90s"), parse_retention("1.5m"), parse_retention("1h")
     (datetime.timedelta(seconds=90), datetime.timedelta(seconds=90), datetime.timedelta(seconds=3600))
@@ -155,20 +151,19 @@ def parse_retention(text: str) -> Any:
     Raises:
         ConfigError: anything else.
     """
-    import math
     from datetime import timedelta
 
+    from deltawheel.gc.background import parse_every
     from deltawheel.statestore.exceptions import ConfigError
 
-    unit = text.strip()[-1:]
     try:
-        value = float(text.strip()[:-1]) if unit in _UNIT_S else math.nan
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
+        seconds = parse_every(text)[1]
+    except ConfigError:
+        seconds = None
+    if seconds is None:
         raise ConfigError(f"--dedup-retention must be a positive duration with its unit (90s, 10m, 1h), got "
                           f"{text!r}; nothing was started")
-    return timedelta(seconds=value * _UNIT_S[unit])
+    return timedelta(seconds=seconds)
 
 
 def _follow(args: argparse.Namespace) -> int:
@@ -201,8 +196,7 @@ def _follow(args: argparse.Namespace) -> int:
     return 0
 
 
-def _input_root(args: argparse.Namespace, layout: Any) -> str:
-    """The local folder the generated input goes to: ``--input``, else beside a local store's tables."""
+def _input_root(args: argparse.Namespace, layout: Any) -> str:  # --input, else beside a local store's tables
     given: str | None = args.input
     if given is not None:
         return os.path.abspath(given)
@@ -221,7 +215,6 @@ def _summary(spark: Any, layout: Any, summary: Any, *, events: int) -> None:
     records = sum(r.records_in for r in summary.reports.get("window_counter", []))
     late = {n: sum(r.late for r in rs) for n, rs in summary.reports.items()}
     print("\n=== zeitgeist summary ===")
-    # the counts are this process's: a run that resumed a killed one reads only what is left
     resumed = records < events
     print(f"records read by window_counter : {records}"
           + (f" in this run, of {events} generated (another run on this store read the rest)" if resumed else ""))

@@ -50,8 +50,7 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     print(f"{'PIPELINE':<16} {'COMPUTATION':<20} {'INTERVAL':>8} {'SEQ':>10} {'LAST_SEQ':>10}  OWNER")
     for r in rows:
-        seq = "-" if r["sequencer"] is None else r["sequencer"]
-        last = "-" if r["last_sequencer"] is None else r["last_sequencer"]
+        seq, last = ("-" if r[k] is None else r[k] for k in ("sequencer", "last_sequencer"))
         owner = "(free)" if r["owner"] is None else f"{r['owner']} session {r['session']}"
         print(f"{r['pipeline']:<16} {r['computation']:<20} {r['interval']:>8} {seq:>10} {last:>10}  {owner}")
     return 0

@@ -12,6 +12,7 @@ from .common import (
     add_store_arg,
     connected,
     layout_from,
+    running_store_zk,
     spark_from,
 )
 
@@ -35,17 +36,11 @@ def register(subparsers: Any) -> None:
 
 
 def _refuse_while_running(args: argparse.Namespace, spark: Any, layout: Any) -> None:
-    """Refuse to migrate a store a pipeline runs on, as ``--zk`` (else a local store's running own
-    server) shows; without either, nothing to ask."""
+    """Refuse to migrate a store a pipeline runs on, as ``--zk`` (else its running own server) shows."""
     from deltawheel.migrations.live import refuse_while_running_on
     from deltawheel.statestore.config import ZkConfig
 
-    hosts = args.zk
-    if hosts is None and layout.is_local:
-        from ..servers.embedded import StoreZooKeeper
-
-        running = StoreZooKeeper(layout).running()
-        hosts = None if running is None else running.hosts
+    hosts = args.zk if args.zk is not None else running_store_zk(layout)
     if hosts is not None:
         refuse_while_running_on(spark, layout, lambda: connected(ZkConfig(hosts=hosts, chroot=args.zk_chroot), 10.0))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from .common import (
@@ -59,7 +60,6 @@ def _source(args: argparse.Namespace, marker: dict[str, Any]) -> Any:
 def _run(args: argparse.Namespace) -> int:
     from deltawheel.executor.drivers.promote import check_replay, plan_promote, promote, promote_intervals
     from deltawheel.executor.drivers.replay import shadow_chroot
-    from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.surgery.timeline import Timeline
 
     timeline = Timeline(say=say if args.verbose and not args.json else None)
@@ -83,8 +83,7 @@ def _run(args: argparse.Namespace) -> int:
         print(plan.describe())
         return 0
     with store_zookeeper(args) as (_, cfg, client):
-        shadow = None if args.zk is None else ZkConfig(hosts=cfg.hosts, chroot=shadow_chroot(cfg.chroot, into),
-                                                       digest=cfg.digest, session_timeout_s=cfg.session_timeout_s)
+        shadow = None if args.zk is None else replace(cfg, chroot=shadow_chroot(cfg.chroot, into))
         r = promote(spark, store=store, into=into, client=client, pipeline=args.pipeline, code=code,
                     injectors=injectors, shadow_zk=shadow, wait_s=handover_wait_s(args), no_wait=args.no_wait,
                     catch_up=not args.no_catch_up, progress=None if args.json else say, intervals=intervals, timeline=timeline)

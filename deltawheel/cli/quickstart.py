@@ -1,8 +1,5 @@
-"""``deltawheel quickstart``: a word count through the store, the way a job runs one.
-
-A :class:`WordCount` runs the same micro-batch twice, as a source replaying after a failure
-delivers it: the first pass counts every word in one fenced commit, the second finds every
-record id applied and changes nothing (exactly-once dedup on a replay).
+"""``deltawheel quickstart``: a word count through the store, the same micro-batch twice as a replaying
+source delivers it: the second pass finds every record id applied and changes nothing.
 """
 
 from __future__ import annotations
@@ -18,14 +15,7 @@ from deltawheel.executor.drivers.engine import connect
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.rowtable.rows import TimeDomain
 
-from .common import (
-    add_spark_args,
-    add_store_arg,
-    add_zk_args,
-    layout_from,
-    spark_from,
-    zookeeper_for,
-)
+from .common import add_spark_args, add_store_arg, add_zk_args, layout_from, spark_from, zookeeper_for
 
 __all__ = ["register", "run_quickstart", "WordCount"]
 
@@ -40,8 +30,7 @@ REPORT_AFTER_MS = 3_600_000  # the processing-time timer each word sets: an hour
 
 
 class WordCount(Computation):
-    """Counts each word (the record's key); produces the new count to ``word_counts`` and keeps a
-    processing-time ``report`` timer per word."""
+    """Counts each word (the key), produces the count to ``word_counts``, sets a ``report`` timer."""
 
     name = COMPUTATION
     inputs = {"words": RECORD_KEY}
@@ -72,8 +61,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def words_frame(spark: Any, *, now_ms: int) -> Any:
-    """The words of :data:`TEXT` as a micro-batch in the stream-table columns: record id
-    ``s<sentence>-w<word>``, the word as the key, event time ``now_ms``."""
+    """The words of :data:`TEXT` as a micro-batch (record id ``s<sentence>-w<word>``, key the word)."""
     codec = get_codec("json")
     rows = [(f"s{i}-w{j}", w, codec.encode({"word": w}), "json", now_ms)
             for i, line in enumerate(TEXT) for j, w in enumerate(line.split())]

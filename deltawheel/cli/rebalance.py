@@ -1,7 +1,5 @@
-"""``deltawheel rebalance``: who holds a computation's intervals, who should, and operator moves.
-
-It prints the current owners against the instances' target split (``statestore/zk/members.py``) and
-writes or clears a move request that overrides it; instances apply it between batches."""
+"""``deltawheel rebalance``: who holds a computation's intervals, who should (``statestore/zk/members.py``),
+and a move request that overrides it, applied by the instances between batches."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+from dataclasses import replace
 from typing import Any
 
 from .common import (
@@ -16,6 +17,7 @@ from .common import (
     layout_from,
     say,
     spark_from,
+    zk_config_from,
 )
 
 __all__ = ["register"]
@@ -82,7 +84,6 @@ def _timestamp_ms(text: str) -> int:
 
 def _run_replay(args: argparse.Namespace) -> int:
     from deltawheel.executor.drivers.replay import plan_replay, replay, replay_scope, shadow_chroot
-    from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.exceptions import ConfigError
 
     store = layout_from(args)
@@ -116,8 +117,8 @@ def _run_replay(args: argparse.Namespace) -> int:
     print(plan.describe(), flush=True)
     if args.plan:
         return 0
-    zk = None if args.zk is None else ZkConfig(hosts=args.zk, chroot=shadow_chroot(args.zk_chroot, into),
-                                               digest=args.zk_digest, session_timeout_s=args.zk_session_timeout)
+    shadow = shadow_chroot(args.zk_chroot, into)
+    zk = None if args.zk is None else replace(zk_config_from(args), chroot=shadow)
     result = replay(spark, plan, code=code, zk=zk, write_path=args.write_path,
                     injectors=() if source is None else source.injectors, progress=say,
                     source=args.source, code_spec=args.code)

@@ -32,8 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def injector_line(name: str, recorded_ms: int, zookeeper_ms: int | None) -> str:
-    """The plan's line for one injector: the watermark the store's commits record against
-    ZooKeeper's, and whether it is restored."""
+    """The plan's line for one injector: the store's watermark, ZooKeeper's, whether it is restored."""
     from deltawheel.executor.protocol.reports import describe_watermark
 
     state = "ok" if zookeeper_ms is not None and zookeeper_ms >= recorded_ms else "restore"

@@ -1,6 +1,4 @@
-"""``deltawheel scenario FILE [--backend memory|delta]``: replay a windowing scenario, print its panes.
-
-The file and the output follow SCENARIO_FORMAT.md; an ``expected`` field is ignored here."""
+"""``deltawheel scenario FILE``: replay a windowing scenario, print its panes (SCENARIO_FORMAT.md)."""
 
 from __future__ import annotations
 

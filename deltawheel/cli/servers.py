@@ -1,6 +1,5 @@
-"""``deltawheel zk start|stop|status`` (the embedded ZooKeeper server: with ``--store`` the store's
-own, :mod:`..servers.embedded`; with ``--data-dir`` one of your own) and ``deltawheel objectstore
-start|stop|status|create-bucket`` (a local S3-compatible server, S3Proxy)."""
+"""``deltawheel zk start|stop|status`` (the embedded ZooKeeper: a store's own, or of a ``--data-dir``)
+and ``deltawheel objectstore start|stop|status|create-bucket`` (S3Proxy)."""
 
 from __future__ import annotations
 
@@ -110,10 +109,8 @@ def _zk_stop(args: argparse.Namespace) -> int:
         server = _zk_server(args)
         pid = server.status().pid
         stopped = server.stop()
-    if stopped:
-        print(f"stopped ZooKeeper (pid {pid}) on {server.hosts}")
-    else:
-        print(f"no ZooKeeper running for {server.data_dir}")
+    print(f"stopped ZooKeeper (pid {pid}) on {server.hosts}" if stopped else
+          f"no ZooKeeper running for {server.data_dir}")
     return 0
 
 
@@ -199,8 +196,7 @@ def _create_bucket(args: argparse.Namespace) -> int:
     if not server.status().running:
         raise ObjectStoreServerError(server.foreign() or f"no server of {server.data_dir} runs on port {server.port}: "
                                      f"start it with 'deltawheel objectstore start --data {server.data_dir}'")
-    if server.create_bucket(args.bucket):
-        print(f"created bucket {args.bucket!r}: use s3a://{args.bucket}/PATH")
-    else:
-        print(f"bucket {args.bucket!r} exists already")
+    created = server.create_bucket(args.bucket)
+    print(f"created bucket {args.bucket!r}: use s3a://{args.bucket}/PATH" if created else
+          f"bucket {args.bucket!r} exists already")
     return 0

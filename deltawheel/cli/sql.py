@@ -1,9 +1,6 @@
-"""``deltawheel sql``, ``inspect`` and ``sql-server``: SQL over a store's decoded views.
-
-``sql`` runs several statements per call (``;``-separated or repeated), or an interactive shell
-when no query is given, in one Spark session. ``sql-server`` serves the same views over Spark's
-Thrift server (HiveServer2, single session), read-only and without authentication: don't bind it
-to a public address."""
+"""``deltawheel sql`` (statements, or a shell), ``inspect`` and ``sql-server``: SQL over a store's
+decoded views. ``sql-server`` (HiveServer2, read-only) has no authentication: don't bind it to a
+public address."""
 
 from __future__ import annotations
 
@@ -32,7 +29,7 @@ from deltawheel.statestore.inspection.sqlviews import (
     write_sql,
 )
 
-from .common import add_spark_args, add_store_arg, layout_from, spark_from
+from .common import add_key_args, add_spark_args, add_store_arg, layout_from, spark_from
 
 __all__ = ["register", "split_statements", "shell"]
 
@@ -68,9 +65,7 @@ def register(subparsers: Any) -> None:
 
     p = subparsers.add_parser("inspect", help="print everything stored for one key as JSON")
     add_store_arg(p)
-    p.add_argument("--computation", required=True)
-    p.add_argument("--key", required=True)
-    p.add_argument("--allow-pickle", action="store_true", help="decode pickled values (runs code!)")
+    add_key_args(p)
     add_spark_args(p)
     p.set_defaults(func=_inspect)
 
@@ -92,8 +87,8 @@ def _checked_spark(args: argparse.Namespace, **kw: Any) -> Any:
 
 
 def _reading_session(args: argparse.Namespace) -> dict[str, Any]:
-    """The session settings of a tool that only reads a local store: no object-store or Kafka jars
-    (fewer jars for the JVM to open; a remote store, or a query naming an ``s3a://`` path, gets them)."""
+    """The session settings of a tool that only reads: no Kafka jars, no object-store ones for a local
+    store (a query naming an ``s3a://`` path gets them)."""
     if layout_from(args).is_local and not any("s3a://" in q for q in args.query):
         return {"object_store": False, "kafka": False}
     return {"kafka": False}
@@ -117,8 +112,7 @@ def _sql(args: argparse.Namespace) -> int:
     if args.as_of is not None:
         as_of = resolve_as_of(spark, layout, args.as_of, store_tables(spark, layout))
         print(f"deltawheel sql: {as_of.describe(layout)}", file=sys.stderr)
-    # each view is defined when a statement first names it (the audit view reads the rows table's
-    # commits, state_history starts a Python data source: a query of the state view needs neither)
+    # each view is defined when a statement first names it
     views = StoreViews(spark, layout, allow_pickle=args.allow_pickle, as_of=as_of)
     statements = [s for q in args.query for s in split_statements(q)]
     # several statements (or a shell): each json line says which statement it answers
@@ -173,7 +167,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from deltawheel.statestore.inspection.sqlviews import key_row_from_files
 
     layout = layout_from(args)
-    # a local store's row is read without starting Spark (a JVM start costs 10-30 s)
+    # a local store's row is read without starting Spark
     local = key_row_from_files(layout, computation=args.computation, key=args.key) \
         if layout.is_local and os.path.isdir(layout.rows) else False
     spark = _checked_spark(args) if local is False else None
@@ -191,8 +185,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _sql_server(args: argparse.Namespace) -> int:
-    # HiveServer2 settings reach the server's HiveConf through the spark.hadoop. prefix.
-    # singleSession: every JDBC connection shares this session, so it sees the temp views.
+    # HiveServer2 settings reach its HiveConf through spark.hadoop.; singleSession: every JDBC connection
+    # shares this session and its temp views
     derby = tempfile.mkdtemp(prefix="deltawheel-derby-")
     atexit.register(functools.partial(shutil.rmtree, derby, ignore_errors=True))
     extra = {

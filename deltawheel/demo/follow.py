@@ -1,9 +1,6 @@
-"""``deltawheel demo --follow``: the Zeitgeist pipeline live, on search events arriving now.
-
-A :class:`LiveGenerator` thread renames a small Parquet file of the events due into the input folder
-every 100-200 ms (the rename is its records' arrival); the three stages run at once in the
-continuous runner (docs/continuous.md, "The demo, live"). With ``seconds`` the input ends, the
-watermark passes the last window and every stage drains; Ctrl-C or SIGTERM stop at once."""
+"""``deltawheel demo --follow``: the Zeitgeist pipeline live, its three stages at once, on events a
+:class:`LiveGenerator` renames into the input folder every 100-200 ms (docs/continuous.md, "The demo,
+live"). With ``seconds`` the input ends and every stage drains; Ctrl-C or SIGTERM stop at once."""
 
 from __future__ import annotations
 
@@ -64,8 +61,7 @@ class Arrival:
 
 class LiveGenerator:
     """Writes the demo's events into ``folder`` as they come due, in periods of ``seconds`` (or
-    :data:`PERIOD_S`), each with its own spike and dip; record ids ``f<start ms>-<index>``, unique
-    per run."""
+    :data:`PERIOD_S`) each with its spike and dip; record ids ``f<start ms>-<index>``."""
 
     def __init__(self, folder: str, *, rate: int, seed: int, seconds: float | None = None) -> None:
         self.folder, self.rate, self.seed, self.seconds = folder, int(rate), seed, seconds
@@ -140,7 +136,7 @@ def check_settings(layout: StoreLayout, *, rate: int, seconds: float | None, win
     """Refuse what ``demo --follow`` cannot run, before anything starts.
 
     Raises:
-        ConfigError: an instance name, a remote store, a bad rate, duration or window, the other demo's store.
+        ConfigError: an instance name, a remote store, a bad rate, duration or window, another demo's store.
     """
     if instance is not None:
         raise ConfigError("demo --follow runs every computation's intervals in one process: --instance is for the "
@@ -160,7 +156,7 @@ def check_store(layout: StoreLayout, *, follow: bool) -> None:
     """Refuse a local store holding the other demo's generated input (both write the same rows).
 
     Raises:
-        ConfigError: the store holds the bounded demo's input (``follow``) or a live run's (not ``follow``).
+        ConfigError: it holds the bounded demo's input (``follow``) or a live run's (not ``follow``).
     """
     root = os.path.join(layout.root, "_input")
     other, hint = ("seed", "the bounded demo") if follow else ("follow", "a demo --follow run")
@@ -183,8 +179,8 @@ class FollowResult:
 def follow(engine: Any, folder: str, *, rate: int, seconds: float | None, seed: int, every_s: float = 5.0,
            window_ms: int = WINDOW_MS, say: Say, drain_timeout_s: float = 120.0,
            gc_every: str | int | None = None, dedup_retention: timedelta | None = None) -> FollowResult:
-    """Run the demo live on ``engine`` with its input in ``folder`` (see the module docstring);
-    ``gc_every`` goes to ``engine.start_pipeline``, ``dedup_retention`` applies to every stage.
+    """Run the demo live on ``engine``, its input in ``folder``; ``gc_every`` goes to
+    ``engine.start_pipeline``, ``dedup_retention`` applies to every stage.
 
     Raises:
         ConfigError: as :func:`check_settings` (before anything starts).
@@ -247,13 +243,14 @@ def _drain(engine: Any, queries: LiveQueries, gen: LiveGenerator, monitor: Stage
            *, lines: Callable[[], None], asked: threading.Event, say: Say, timeout_s: float, window_ms: int) -> bool:
     """Once every file is read, close event time at the last window's end; wait until every stage
     committed everything (stable for 2 s). False after ``timeout_s``."""
+    gave_up = "not drained within the time allowed (or asked to stop): stopping as it is"
     say(f"input ended after {gen.written} events; draining ...")
     deadline, stable_since = time.monotonic() + timeout_s, None
     names = {a.name for a in gen.arrivals}
     while not names <= files_read(monitor):
         lines()
         if time.monotonic() > deadline or asked.wait(0.5):
-            say("not drained within the time allowed (or asked to stop): stopping as it is")
+            say(gave_up)
             return False
     last = gen.last_event_ms if gen.last_event_ms is not None else gen.t0_ms
     until = last - last % window_ms + window_ms
@@ -273,5 +270,5 @@ def _drain(engine: Any, queries: LiveQueries, gen: LiveGenerator, monitor: Stage
                 return True
         else:
             stable_since = None
-    say("not drained within the time allowed (or asked to stop): stopping as it is")
+    say(gave_up)
     return False

@@ -1,7 +1,6 @@
-"""The per-stage figures of ``demo --follow`` (``follow.py``), read from the files a run leaves
-(local stores only). :class:`StageMonitor` measures each record's latency from arrival at a stage
-to its batch's rows-table commit: what a batch read comes from the query's checkpoint, commit
-times from the Delta logs."""
+"""The per-stage figures of ``demo --follow``, from the files a local run leaves: :class:`StageMonitor`
+measures each record's latency from arrival at a stage (the query's checkpoint says what a batch
+read) to its batch's rows-table commit (the Delta logs)."""
 
 from __future__ import annotations
 

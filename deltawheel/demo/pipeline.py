@@ -1,13 +1,9 @@
-"""The demo pipeline: MillWheel's Zeitgeist on generated search queries.
-
-Three computations, wired by streams::
+"""The demo pipeline: MillWheel's Zeitgeist on generated search queries, deterministic for (events, seed)::
 
     queries (generator injector)
       └─ window_counter   counts per query in fixed 10 s event-time windows -> window_counts
           └─ model         per-query moving average: actual vs expected -> predictions
               └─ detector  spikes (actual >> expected) and dips (actual << expected) -> anomalies
-
-Everything is deterministic for (events, seed).
 """
 
 from __future__ import annotations
@@ -94,8 +90,8 @@ class Detector(Computation):
 
 
 def computations(*, window_ms: int = WINDOW_MS, dedup_retention: timedelta | None = None) -> tuple[Computation, ...]:
-    """The demo pipeline's computations, in order: window counter, model, detector;
-    ``dedup_retention`` (None: the default) is set on a subclass of each computation's class.
+    """The window counter, model and detector; ``dedup_retention`` (None: the default) is set on a
+    subclass of each one's class.
 
     Raises:
         ConfigError: a ``dedup_retention`` that is not a positive timedelta."""

@@ -1,9 +1,6 @@
-"""A deterministic generator of search queries for the Zeitgeist demo (MillWheel section 2).
-
-Query popularity is Zipf-like; event time is base time minus a bounded jitter, and a small
-fraction of events is made late on purpose. :class:`AnomalySchedule` puts in a spike (one query
-far more likely) and a dip (the top query absent) for a detector to find. The output depends
-only on the arguments:
+"""A deterministic generator of search queries for the Zeitgeist demo (MillWheel section 2):
+Zipf-like popularity, bounded event-time jitter, a few late events, and a spike and a dip
+(:class:`AnomalySchedule`). The output depends only on the arguments:
 
 >>> t = generate_queries(1000, seed=7)
 >>> t.column_names, t.num_rows
@@ -33,8 +30,7 @@ from deltawheel.statestore.exceptions import ConfigError
 __all__ = ["DEFAULT_START_MS", "AnomalySchedule", "AnomalyWindows", "ZeitgeistParams", "generate_queries",
            "anomaly_windows", "query_name", "table_digest", "write_event_files", "GeneratorInjector", "scaled_events"]
 
-DEFAULT_START_MS = 1_735_689_600_000
-"""2025-01-01T00:00:00Z, the default base time of the first event."""
+DEFAULT_START_MS = 1_735_689_600_000  # 2025-01-01T00:00:00Z, the first event's default base time
 
 _WORDS = (
     "weather", "news", "football", "recipes", "maps", "translate", "music", "movies",
@@ -56,8 +52,8 @@ def query_name(rank: int) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class AnomalySchedule:
-    """Where the spike and the dip are, as ``[start, end)`` fractions of the base-time span: during the
-    spike query ``spike_rank`` is ``spike_factor`` times more likely, during the dip ``dip_rank`` is absent."""
+    """The spike (query ``spike_rank`` ``spike_factor`` times more likely) and the dip (``dip_rank``
+    absent) as ``[start, end)`` fractions of the base-time span."""
 
     spike_rank: int = 5
     spike_factor: float = 10.0
@@ -85,7 +81,7 @@ class AnomalySchedule:
 
 @dataclass(frozen=True, kw_only=True)
 class AnomalyWindows:
-    """The anomalies of one generated data set, in absolute base time (epoch ms, end exclusive)."""
+    """The anomalies of one generated data set in base time (epoch ms, end exclusive)."""
 
     spike_query: str
     spike_start_ms: int
@@ -97,10 +93,8 @@ class AnomalyWindows:
 
 @dataclass(frozen=True, kw_only=True)
 class ZeitgeistParams:
-    """Every argument of :func:`generate_queries` as one value (the demo's configuration). Event ``i``
-    has base time ``start_ms + floor(i * 1000 / rate_per_s)`` and event time that minus
-    uniform(0..``max_disorder_ms``); a ``late_fraction`` of the events from ``late_after_events`` on
-    is moved ``late_by_ms`` further back."""
+    """The generator's settings: event ``i`` at ``start_ms + i * 1000 // rate_per_s`` minus up to
+    ``max_disorder_ms``; a ``late_fraction`` from ``late_after_events`` on is ``late_by_ms`` later."""
 
     n_events: int
     seed: int
@@ -114,8 +108,7 @@ class ZeitgeistParams:
     schedule: AnomalySchedule = field(default_factory=AnomalySchedule)
 
     def generate(self) -> pa.Table:
-        """The events, deterministically: a table of ``record_id`` (``q{seed}-{i:010d}``), ``query`` and
-        ``event_time`` (timestamp[ms, UTC]).
+        """The events: ``record_id`` (``q{seed}-{i:010d}``), ``query``, ``event_time`` (timestamp[ms, UTC]).
 
         Raises:
             ConfigError: a bad count, rate, fraction or :class:`AnomalySchedule`."""
@@ -165,14 +158,13 @@ class ZeitgeistParams:
 
 
 def scaled_events(events: int, scale: float) -> int:
-    """The number of events of a demo input ``scale`` times ``events`` (``deltawheel demo --scale``).
+    """``events`` times ``scale``, rounded (``deltawheel demo --scale``).
 
     >>> scaled_events(20_000, 10), scaled_events(20_000, 0.05)
     (200000, 1000)
 
     Raises:
-        ConfigError: ``events`` negative, ``scale`` not a positive finite number, or a product
-            that rounds to no events.
+        ConfigError: ``events`` negative, ``scale`` not a positive finite number, or no events.
     """
     if events < 0:
         raise ConfigError(f"--events must be >= 0, got {events}: give the number of generated search queries")
@@ -188,7 +180,7 @@ def scaled_events(events: int, scale: float) -> int:
 
 def anomaly_windows(n_events: int, *, start_ms: int = DEFAULT_START_MS, rate_per_s: int = 100,
                     schedule: AnomalySchedule = AnomalySchedule()) -> AnomalyWindows:
-    """The spike and dip intervals in absolute base time (epoch ms) for ``n_events`` events.
+    """The spike and dip intervals in base time (epoch ms) for ``n_events`` events.
 
     >>> w = anomaly_windows(10_000, start_ms=0, rate_per_s=100)
     >>> (w.spike_query, w.spike_start_ms, w.spike_end_ms, w.dip_query, w.dip_start_ms, w.dip_end_ms)
@@ -212,11 +204,7 @@ def _cdf(weights: np.ndarray) -> np.ndarray:
 
 
 def generate_queries(n_events: int, *, seed: int, **settings: Any) -> pa.Table:
-    """``n_events`` search-query events, deterministically (``settings``: :class:`ZeitgeistParams`'s).
-
-    Raises:
-        ConfigError: a bad count, rate, fraction or :class:`AnomalySchedule`.
-    """
+    """``n_events`` events (``settings``: :class:`ZeitgeistParams`'s); raises as its ``generate``."""
     return ZeitgeistParams(n_events=n_events, seed=seed, **settings).generate()
 
 
@@ -234,8 +222,8 @@ def table_digest(table: pa.Table) -> str:
 
 
 def write_event_files(table: pa.Table, folder: str, *, events_per_batch: int, first_mtime_s: int) -> list[str]:
-    """Write ``table`` as ``part-00000.parquet``, ... (``events_per_batch`` rows each), idempotently;
-    file ``i`` gets modification time ``first_mtime_s + i`` (Spark's reading order). Returns the paths.
+    """Write ``table`` as ``part-00000.parquet``, ... (``events_per_batch`` rows each, file ``i``
+    modified at ``first_mtime_s + i``: Spark's reading order), idempotently; returns the paths.
 
     Raises:
         ConfigError: ``events_per_batch`` < 1, or a file exists with different content."""
@@ -260,11 +248,8 @@ def write_event_files(table: pa.Table, folder: str, *, events_per_batch: int, fi
 
 
 class GeneratorInjector:
-    """The Zeitgeist generator as an injector: :meth:`prepare` writes the events into ``folder`` plus
-    ``_zeitgeist.json`` (parameters and anomaly windows), streamed by a
-    :class:`~.sources.parquet.ParquetInjector` keyed by ``query``. The watermark is the max event time
-    seen minus ``params.max_disorder_ms``, and :data:`END_OF_TIME` once a batch held the last file or
-    after :meth:`finish`.
+    """The generator as an injector: :meth:`prepare` writes the events and ``_zeitgeist.json`` into
+    ``folder``, read by a ParquetInjector keyed by ``query``; its watermark ends with the last file.
 
     Raises:
         ConfigError: a bad count or generation parameter (checked by :meth:`prepare`)."""
@@ -296,7 +281,7 @@ class GeneratorInjector:
         return paths
 
     def parquet_injector(self) -> ParquetInjector:
-        """The :class:`~.sources.parquet.ParquetInjector` reading the generated folder."""
+        """The ParquetInjector reading the generated folder."""
         return ParquetInjector(self.name, self.folder, key_column="query", event_time_column="event_time",
                                record_id_column="record_id", max_files_per_trigger=self.max_files_per_trigger,
                                watermark_delay_ms=self.params.max_disorder_ms)

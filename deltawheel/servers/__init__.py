@@ -1,3 +1,2 @@
-"""Server processes for users and tests: embedded ZooKeeper (``zookeeper.py``) and local ensembles
-of it (``ensemble.py``), a local store's own ZooKeeper (``embedded.py``), S3Proxy (``s3proxy.py``),
-a Kafka broker (``kafka.py``) and a Spark standalone cluster (``cluster.py``)."""
+"""Server processes for users and tests: ZooKeeper (``zookeeper.py``, ``ensemble.py``, a store's own:
+``embedded.py``), S3Proxy, Kafka, Toxiproxy, a Spark standalone cluster and a hosts test bed."""

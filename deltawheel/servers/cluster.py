@@ -1,8 +1,5 @@
-"""A local cluster: a Spark standalone master and workers, and a ZooKeeper ensemble (:mod:`.ensemble`).
-
-Everything lives in one data folder (docs/cluster.md). The workers' executors run the driver's
-Python, so deltawheel must be importable by it (same machine, same venv).
-"""
+"""A local cluster in one data folder: a Spark standalone master and workers, and a ZooKeeper ensemble
+(:mod:`.ensemble`); the executors run the driver's Python (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -37,7 +34,7 @@ def spark_home() -> Path:
     """The installed pyspark's folder: a Spark distribution (``bin/spark-class``, ``jars``).
 
     Raises:
-        ClusterError: pyspark is missing or ships no ``bin/spark-class``.
+        ClusterError: it ships no executable ``bin/spark-class``.
     """
     import pyspark
 
@@ -69,8 +66,7 @@ def launch_spark(proc: DetachedProcess, spark_class: str, host: str, port: int, 
 
 
 def await_up(proc: DetachedProcess, ready: Any, timeout_s: float, *, check: str = "") -> None:
-    """Wait until ``ready()`` holds for ``proc``; else raise ClusterError with why, ``check`` (what
-    else to look at) and the log's tail."""
+    """Wait until ``ready()`` holds for ``proc``; else ClusterError with why, ``check`` and the log's tail."""
     pid = proc.read_pid()
     if pid is None:
         raise ClusterError(f"{proc.name} is not running; start it first")
@@ -121,8 +117,8 @@ class SparkStatus:
 
 
 class SparkStandalone:
-    """A Spark standalone master and ``workers`` workers on this machine, each a detached process;
-    ``ports`` maps ``master``, ``master_ui``, ``worker_N`` and ``worker_N_ui`` (free ones when not given)."""
+    """A Spark standalone master and ``workers`` workers, detached processes; ``ports``: ``master``,
+    ``master_ui``, ``worker_N``, ``worker_N_ui`` (default free ones)."""
 
     def __init__(self, data_dir: Path | str, *, ports: dict[str, int] | None = None, workers: int = 2,
                  worker_cores: int = 1, worker_memory: str = "2g", host: str = "127.0.0.1") -> None:
@@ -142,11 +138,10 @@ class SparkStandalone:
         self.ui_url = f"http://{host}:{self.ports['master_ui']}"  # its /json/ lists workers and applications
 
     def master_json(self) -> dict[str, Any] | None:
-        """The master's state from ``<ui>/json/``, or None when it does not answer."""
+        """:func:`master_state` of this master."""
         return master_state(self.ui_url)
 
-    def _registered(self) -> dict[int, dict[str, Any]]:
-        """Port -> the master's entry of each ALIVE worker."""
+    def _registered(self) -> dict[int, dict[str, Any]]:  # port -> the master's entry of an ALIVE worker
         state = self.master_json() or {}
         return {int(w.get("port", -1)): w for w in state.get("workers", []) if w.get("state") == "ALIVE"}
 
@@ -161,7 +156,7 @@ class SparkStandalone:
         return env
 
     def start(self, *, timeout_s: float = 90.0) -> None:
-        """Start what does not run; return once every worker is registered. On failure stop everything.
+        """Start what does not run; return once every worker is registered; on failure stop everything.
 
         Raises:
             ClusterError: java or pyspark is missing, or a process did not come up in time.
@@ -184,11 +179,7 @@ class SparkStandalone:
             self.await_worker(i, timeout_s=timeout_s)
 
     def await_worker(self, index: int, *, timeout_s: float = 90.0) -> None:
-        """Wait until worker ``index`` (1-based) runs and the master lists it ALIVE.
-
-        Raises:
-            ClusterError: it is not running, or not registered in time.
-        """
+        """Wait until worker ``index`` (1-based) runs and the master lists it ALIVE; else ClusterError."""
         port = self.ports[f"worker_{index}"]
         await_up(self.worker_procs[index - 1], lambda: port in self._registered(), timeout_s)
 
@@ -232,7 +223,7 @@ class ClusterStatus:
 
     @property
     def healthy(self) -> bool:
-        """Every part runs: a ZooKeeper quorum with all servers up, the master and every worker registered."""
+        """Every ZooKeeper server runs and serves, the master and every worker is registered."""
         zk_ok = self.zookeeper is None or (self.zookeeper.quorum and all(s.running for s in self.zookeeper.servers))
         sp = self.spark
         spark_ok = sp is None or (sp.master_alive and all(w.pid is not None and w.registered for w in sp.workers))
@@ -249,8 +240,8 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
 
 
 class LocalCluster:
-    """A ZooKeeper ensemble and a Spark standalone cluster under one data folder; the ports and parts
-    of an earlier ``up`` in ``data_dir`` (``cluster.json``) win over the arguments."""
+    """A ZooKeeper ensemble and a Spark standalone cluster in ``data_dir``; an earlier ``up``'s ports and
+    parts (``cluster.json``) win over the arguments."""
 
     def __init__(self, data_dir: Path | str, *, zookeeper: bool = True, spark: bool = True, workers: int = 2,
                  worker_memory: str = "2g", zk_servers: int = 3, host: str = "127.0.0.1") -> None:
@@ -269,7 +260,7 @@ class LocalCluster:
         self.zk_hosts = None if self.ensemble is None else self.ensemble.hosts  # None without ZooKeeper
 
     def up(self, *, timeout_s: float = 90.0) -> None:
-        """Start the ensemble and the Spark cluster (what runs already is kept); on failure stop all.
+        """Start the ensemble and the Spark cluster (what runs is kept); on failure stop all.
 
         Raises:
             ZooKeeperServerError / ClusterError: a part did not come up.

@@ -1,9 +1,6 @@
-"""The embedded defaults: a store's own ZooKeeper, run from pyspark's jars.
-
-With no ``--zk``, a local store runs its own server, recorded in ``<store>/_zk/`` with one file per
-process using it (docs/operations.md). The last live user to leave stops it, unless it was started
-to stay (``deltawheel zk start``); dead users are pruned by pid liveness. An explicit ``--zk`` is
-used if it answers, else started on that port.
+"""The embedded defaults: with no ``--zk`` a local store runs its own ZooKeeper, recorded in ``<store>/_zk/``
+with a file per user process; the last live user stops it unless ``deltawheel zk start`` started it
+(docs/operations.md).
 """
 
 from __future__ import annotations
@@ -22,11 +19,7 @@ from typing import Iterator
 
 import psutil
 
-from deltawheel.servers.zookeeper import (
-    EmbeddedZooKeeper,
-    configured_port,
-    four_letter_word,
-)
+from deltawheel.servers.zookeeper import EmbeddedZooKeeper, configured_port, four_letter_word
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import ZooKeeperServerError
 from deltawheel.statestore.layout import StoreLayout
@@ -109,12 +102,13 @@ def _command() -> str:
 class StoreZooKeeper:
     """A local store's own embedded ZooKeeper: its record, lock and users (the files above)."""
 
-    def __init__(self, layout: StoreLayout, *, lock_timeout_s: float = 120.0) -> None:
+    lock_timeout_s = 120.0  #: how long :meth:`locked` waits for the lock
+
+    def __init__(self, layout: StoreLayout) -> None:
         if not layout.is_local:
             raise ZooKeeperServerError(f"store {layout.root} is not local: it has no embedded ZooKeeper; pass --zk")
         self.layout = layout
         self.data_dir = Path(layout.zk_data.removeprefix("file://")).resolve()
-        self.lock_timeout_s = lock_timeout_s
         self.record_file = self.data_dir / "server.json"
         self.lock_file = self.data_dir / "server.lock"
         self.users_dir = self.data_dir / "users"  # one file per process using the server
@@ -176,8 +170,7 @@ class StoreZooKeeper:
                 continue
         return out
 
-    def _live_users(self) -> list[ServerUser]:
-        """The users still alive; the files of dead ones (SIGKILLed) are removed. Call under the lock."""
+    def _live_users(self) -> list[ServerUser]:  # under the lock: the dead ones' files are removed
         live = []
         for u in self.users():
             if u.alive():
@@ -236,7 +229,7 @@ class StoreZooKeeper:
         return server, user, started
 
     def _start(self, record: ServerRecord | None, port: int | None, timeout_s: float) -> EmbeddedZooKeeper:
-        """Start on ``port``, else the recorded port when free, else one of a few free ports."""
+        # on ``port``, else the recorded port when free, else one of a few free ports
         if port is not None:
             candidates = [port]
         else:
@@ -301,11 +294,9 @@ class StoreZooKeeper:
 class ZooKeeperUse:
     """The ZooKeeper a caller uses (:attr:`config`) and gives back when done (:meth:`release`, or exit)."""
 
-    def __init__(self, config: ZkConfig, *, server: EmbeddedZooKeeper | None = None, started: bool = False,
-                 owner: StoreZooKeeper | None = None, user: ServerUser | None = None) -> None:
+    def __init__(self, config: ZkConfig, *, owner: StoreZooKeeper | None = None,
+                 user: ServerUser | None = None) -> None:
         self.config = config
-        self.server = server
-        self.started = started
         self._owner = owner
         self._user = user
         self._released = False
@@ -316,15 +307,11 @@ class ZooKeeperUse:
         return self.config.hosts
 
     def release(self) -> bool:
-        """Leave the store's server, or stop the one started here. Idempotent; True if one stopped."""
-        if self._released:
+        """Leave the store's server (its last user stops it). Idempotent; True if it stopped."""
+        if self._released or self._owner is None:
             return False
         self._released = True
-        if self._owner is not None:
-            return self._owner.release(self._user)
-        if self.server is not None and self.started:
-            return self.server.stop()
-        return False
+        return self._owner.release(self._user)
 
     stop = release
 
@@ -336,26 +323,22 @@ class ZooKeeperUse:
         self.release()
 
 
-def ensure_zookeeper(cfg: ZkConfig, layout: StoreLayout, *, embedded: bool = True,
-                     own: bool = False) -> ZooKeeperUse:
+def ensure_zookeeper(cfg: ZkConfig, layout: StoreLayout, *, own: bool = False) -> ZooKeeperUse:
     """The ZooKeeper for a command on ``layout``; release the returned use when done. ``own``: no
-    ``--zk`` was given, so a local store uses its own server and ``cfg.hosts`` is ignored;
-    ``embedded``: a server may be started.
+    ``--zk`` was given, so a local store uses its own server and ``cfg.hosts`` is ignored.
 
     Raises:
         ZooKeeperServerError: the server could not start, or runs on another port than ``cfg.hosts``'s."""
-    if own and embedded and layout.is_local:
+    if own and layout.is_local:
         owner = StoreZooKeeper(layout)
-        server, user, started = owner.acquire()
-        return ZooKeeperUse(replace(cfg, hosts=server.hosts), server=server, started=started, owner=owner, user=user)
-    first = cfg.hosts.split(",")[0]
-    host, _, port_text = first.rpartition(":")
+        server, user, _ = owner.acquire()
+        return ZooKeeperUse(replace(cfg, hosts=server.hosts), owner=owner, user=user)
+    host, _, port_text = cfg.hosts.split(",")[0].rpartition(":")
     port = int(port_text)
-    local = embedded and "," not in cfg.hosts and host in (_HOST, "localhost") and layout.is_local
-    if local:
+    if "," not in cfg.hosts and host in (_HOST, "localhost") and layout.is_local:
         owner = StoreZooKeeper(layout)
         running = owner.running()
         if (running is not None and running.port == port) or four_letter_word(host, port) is None:
-            server, user, started = owner.acquire(port=port)
-            return ZooKeeperUse(cfg, server=server, started=started, owner=owner, user=user)
+            _, user, _ = owner.acquire(port=port)
+            return ZooKeeperUse(cfg, owner=owner, user=user)
     return ZooKeeperUse(cfg)  # another server answers there; or none, and kazoo will say it cannot connect

@@ -1,7 +1,5 @@
-"""A local ZooKeeper ensemble: three (or any odd number of) servers from pyspark's jars.
-
-For ``deltawheel cluster up`` and fault tests: member N is an :class:`~.zookeeper.EmbeddedZooKeeper`
-in ``<data_dir>/zk<N>``; ``ensemble.json`` records the ids and ports. A majority must run to serve.
+"""A local ZooKeeper ensemble of an odd number of servers: member N an :class:`~.zookeeper.EmbeddedZooKeeper`
+in ``<data_dir>/zk<N>``, ``ensemble.json`` the ids and ports. A majority must run to serve.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Faults between the test bed's hosts (``deltawheel cluster fault``): cut a host off, heal it, kill it.
-
-A whole cut sets the host's veth down; a cut from peers maps each side's address to a hardware
-address no host has (:data:`DEAD_MAC`), so packets vanish silently as in a real partition
-(docs/cluster.md). :meth:`HostFaults.restart` starts a killed host's services again.
+"""Faults between the test bed's hosts (``deltawheel cluster fault``): cut a host off (its veth down, or
+from peers: their addresses mapped to :data:`DEAD_MAC`), heal it, kill it (docs/cluster.md).
 """
 
 from __future__ import annotations

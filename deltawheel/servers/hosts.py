@@ -1,8 +1,6 @@
-"""A test bed of hosts that share nothing, on this machine (``deltawheel cluster up --hosts``).
-
-Eight hosts on one bridge (:mod:`.netns`): ``s3``, ``zk1``-``zk3``, ``master``, ``worker1``,
-``worker2`` and ``client``; what each sees: docs/cluster.md.
-"""
+"""A test bed of hosts that share nothing, on this machine (``deltawheel cluster up --hosts``): ``s3``,
+``zk1``-``zk3``, ``master``, ``worker1``, ``worker2`` and ``client`` on one bridge (:mod:`.netns`;
+docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -45,10 +43,10 @@ _SPARK_DEFAULTS = ("spark.master.rest.enabled false\nspark.worker.cleanup.enable
 
 
 def host_python() -> Path:
-    """The system Python the hosts run (same minor version as this one, outside ``/root`` and ``/work``).
+    """The system Python the hosts run (this one's minor version, outside ``/root`` and ``/work``).
 
     Raises:
-        ClusterError: no such interpreter (install the distribution's ``python3.X`` and ``python3.X-venv``).
+        ClusterError: no such interpreter.
     """
     name = f"python{sys.version_info.major}.{sys.version_info.minor}"
     for folder in ("/usr/bin", "/usr/local/bin"):
@@ -60,7 +58,7 @@ def host_python() -> Path:
 
 @dataclass(frozen=True)
 class HostsStatus:
-    """What runs on each host: ``{host: [(service, pid or None), ...]}`` and the leftovers check."""
+    """What runs on each host: ``{host: [(service, pid or None), ...]}``, workers, ZooKeeper modes."""
 
     services: dict[str, list[tuple[str, int | None]]]
     workers_registered: int
@@ -74,8 +72,8 @@ class HostsStatus:
 
 
 class HostsCluster:
-    """The hosts test bed; ``subnet``: the first three octets of the hosts' /24; ``services``: which
-    of ``s3``, ``zk``, ``spark`` :meth:`up` starts (default: the last ``up``'s, else all)."""
+    """The hosts test bed on the /24 ``subnet``; ``services``: which of ``s3``, ``zk``, ``spark`` :meth:`up`
+    starts (default: the last ``up``'s, else all)."""
 
     def __init__(self, data_dir: Path | str, *, subnet: str = DEFAULT_SUBNET,
                  services: Sequence[str] | None = None, worker_memory: str = "2g") -> None:
@@ -93,6 +91,13 @@ class HostsCluster:
         self.hosts = {n: Host(n, f"{subnet}.{last}") for n, last in _LAST.items()}
         self.network = HostNetwork(tuple(self.hosts.values()), bridge_address=f"{subnet}.1")
         self.spark_dir = self.data_dir / "spark"
+        #: the hosts' Python with pyspark alone, and pyspark's folder in it (``bin/spark-class``, ``jars``)
+        self.spark_python = self.spark_dir / "bin" / "python"
+        self.spark_home = (self.spark_dir / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+                           / "site-packages" / "pyspark")
+        self.master_url = f"spark://{self.hosts['master'].address}:{MASTER_PORT}"
+        self.master_ui = f"http://{self.hosts['master'].address}:{MASTER_UI}"  # /json/: workers, drivers
+        self.zk_hosts = ",".join(f"{self.hosts[f'zk{i}'].address}:{ZK_PORT}" for i in (1, 2, 3))
         peers = tuple(QuorumPeer(i, self.hosts[f"zk{i}"].address, ZK_PORT, 2888, 3888) for i in (1, 2, 3))
         self.zookeepers = tuple(
             EmbeddedZooKeeper(self.dir(f"zk{p.myid}") / "zk", port=ZK_PORT, host=p.host, quorum=peers,
@@ -109,32 +114,6 @@ class HostsCluster:
     def dir(self, host: str) -> Path:
         """A host's own folder."""
         return self.data_dir / host
-
-    @property
-    def spark_python(self) -> Path:
-        """The hosts' Python with pyspark alone (a path every cluster host sees)."""
-        return self.spark_dir / "bin" / "python"
-
-    @property
-    def spark_home(self) -> Path:
-        """pyspark's folder in the hosts' installation (``bin/spark-class``, ``jars``)."""
-        v = f"python{sys.version_info.major}.{sys.version_info.minor}"
-        return self.spark_dir / "lib" / v / "site-packages" / "pyspark"
-
-    @property
-    def master_url(self) -> str:
-        """``spark://<master>:7077``."""
-        return f"spark://{self.hosts['master'].address}:{MASTER_PORT}"
-
-    @property
-    def master_ui(self) -> str:
-        """The master's web UI (``/json/`` lists workers, applications and drivers)."""
-        return f"http://{self.hosts['master'].address}:{MASTER_UI}"
-
-    @property
-    def zk_hosts(self) -> str:
-        """The ensemble's connect string."""
-        return ",".join(f"{self.hosts[f'zk{i}'].address}:{ZK_PORT}" for i in (1, 2, 3))
 
     @property
     def s3_endpoint(self) -> S3Endpoint:
@@ -184,7 +163,7 @@ class HostsCluster:
 
     def up(self, *, timeout_s: float = 120.0, fresh: bool = False) -> None:
         """Make the network and the hosts, then start the services; on failure take everything down.
-        ``fresh``: first delete every host's folder but the Spark installation (refused while it runs).
+        ``fresh``: first delete every host's folder but the Spark installation (refused while up).
 
         Raises:
             HostsUnavailableError: namespaces cannot be made on this machine.

@@ -1,7 +1,5 @@
-"""A local single-node Kafka broker in KRaft mode, for development and tests of Kafka sources.
-
-One ``kafka.Kafka`` process is broker and controller, its files in one folder; the jars pyspark does
-not ship (:data:`KAFKA_BROKER_JARS`) are fetched once from Maven Central (docs/sources.md)."""
+"""A local single-node Kafka broker in KRaft mode for development and tests; the jars pyspark does not
+ship (:data:`KAFKA_BROKER_JARS`) are fetched once from Maven Central (docs/sources.md)."""
 
 from __future__ import annotations
 
@@ -61,8 +59,8 @@ log4j.logger.kafka.server.BrokerServer=INFO
 
 
 class KafkaBroker(Server):
-    """A single-node Kafka broker + controller (KRaft) in its own detached process; ``port`` and
-    ``controller_port`` default to free ones, ``num_partitions`` is for topics created on first use.
+    """A Kafka broker + controller (KRaft) in its own detached process; ``port`` and ``controller_port``
+    default to free ones, ``num_partitions`` is for topics created on first use.
 
     >>> KafkaBroker("kafka-data", port=9092, controller_port=9093).bootstrap_servers
     '127.0.0.1:9092'
@@ -113,8 +111,7 @@ class KafkaBroker(Server):
                 f"-Dlog4j.configuration=file:{self.data_dir / 'log4j.properties'}",
                 "-cp", self._classpath(), main, *args]
 
-    def _format(self) -> None:
-        """``kafka-storage format`` of the log folder, once (a formatted folder keeps its cluster id)."""
+    def _format(self) -> None:  # ``kafka-storage format`` of the log folder, once
         if (self.data_dir / "logs" / "meta.properties").exists():
             return
         cluster_id = cluster_id_of(uuid.uuid4())
@@ -150,8 +147,7 @@ class KafkaBroker(Server):
 
 def create_topic(spark: Any, bootstrap_servers: str, topic: str, *, partitions: int,
                  timeout_s: float = 60.0, configs: Mapping[str, str] | None = None) -> None:
-    """Create ``topic`` (replication 1, topic settings ``configs``) with the admin client in the Spark
-    driver; an existing topic is left as it is.
+    """Create ``topic`` (replication 1, settings ``configs``) from the Spark driver, unless it exists.
 
     Raises:
         KafkaServerError: the broker refused or did not answer in time."""
@@ -185,9 +181,8 @@ def create_topic(spark: Any, bootstrap_servers: str, topic: str, *, partitions: 
 
 
 def cluster_id_of(u: uuid.UUID) -> str:
-    """A KRaft cluster id from ``u``: its bytes in URL-safe base64, as Kafka's own ``Uuid`` prints
-    them, with a leading ``-`` (1 id in 64) made ``_``: kafka-storage's argument parser reads an id
-    starting with ``-`` as an option and refuses the format.
+    """A KRaft cluster id from ``u``: its bytes in URL-safe base64 as Kafka prints them, a leading ``-``
+    made ``_`` (kafka-storage would read it as an option).
 
     >>> cluster_id_of(uuid.UUID(bytes=b"\\xfb" + bytes(15)))
     '_wAAAAAAAAAAAAAAAAAAAA'

@@ -1,7 +1,5 @@
-"""Separate hosts on one machine: a bridge ``dwh-br``, one network namespace ``dwh-<name>`` per host,
-and a private view of the file system (``unshare --mount``) for each process an isolated host runs.
-
-Needs root, ``ip`` and ``unshare`` (:func:`check_namespaces`); the layout: docs/cluster.md.
+"""Separate hosts on one machine: a bridge ``dwh-br``, a network namespace ``dwh-<name>`` per host and
+a private view of the file system (``unshare --mount``) per isolated process; needs root (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -33,8 +31,7 @@ _STAGE = "/srv"
 
 
 def private_folders() -> list[Path]:
-    """This machine's folders an isolated host must not see wherever they live: the checkout
-    deltawheel runs from, the Python environment running it, the home and temporary folders."""
+    """The folders an isolated host must not see: this checkout, this Python environment, home, temp."""
     checkout = Path(__file__).resolve().parents[2]
     return [checkout, Path(sys.prefix).resolve(), Path.home().resolve(), Path(tempfile.gettempdir()).resolve()]
 
@@ -75,8 +72,7 @@ def run_ip(*args: str, check: bool = True, hint: str = "") -> subprocess.Complet
 
 
 def check_namespaces() -> None:
-    """Raise :class:`HostsUnavailableError` when this machine cannot make the test bed's hosts: not
-    root, ``ip`` or ``unshare`` missing, or the kernel refuses."""
+    """Raise :class:`HostsUnavailableError` when this machine cannot make the test bed's hosts."""
     if os.geteuid() != 0:
         raise HostsUnavailableError("the hosts test bed needs root: network namespaces, veth pairs and a "
                                     "bridge need CAP_NET_ADMIN, private mounts CAP_SYS_ADMIN; run as root")
@@ -129,7 +125,7 @@ class HostNetwork:
         """Make the bridge and each host's namespace, veth pair and addresses (what exists is kept).
 
         Raises:
-            HostsUnavailableError: namespaces cannot be made here (see :func:`check_namespaces`).
+            HostsUnavailableError: namespaces cannot be made here.
             ClusterError: an ``ip`` command failed.
         """
         check_namespaces()
@@ -180,10 +176,9 @@ class HostNetwork:
 
 def isolated_prefix(host: Host, *, own_dir: Path, shared_dirs: Sequence[Path] = (), hidden: Sequence[Path] = (),
                     env: Mapping[str, str] | None = None) -> list[str]:
-    """The words that run a command on ``host`` with its own view of the file system: the folders of
-    :data:`MASKED`, :func:`private_folders` and ``hidden`` become empty tmpfs; ``own_dir`` (writable)
-    and ``shared_dirs`` (read-only) come back at their own paths. The environment is clean:
-    ``PATH`` = :data:`BASE_PATH`, ``HOME=/root``, ``LANG`` and ``env``."""
+    """The words that run a command on ``host`` with its own view of the file system: :data:`MASKED`,
+    :func:`private_folders` and ``hidden`` are empty, ``own_dir`` (writable) and ``shared_dirs``
+    (read-only) are seen; the environment holds only ``PATH``, ``HOME``, ``LANG`` and ``env``."""
     keep = [own_dir.resolve(), *(d.resolve() for d in shared_dirs)]
     masks = _masks([*private_folders(), *(d.resolve() for d in hidden)])
     lines = ["set -e", f"mount -t tmpfs -o size=1m,mode=755 dwh-stage {_STAGE}"]

@@ -1,6 +1,5 @@
 """A local S3-compatible object store for trials and tests: S3Proxy (``org.gaul:s3proxy``) on a
-filesystem backend, a bucket a folder under ``blobs/`` and an object a file. The server is a
-detached ``java -jar`` process (its jar fetched once from Maven Central); readiness is any HTTP reply.
+filesystem backend (a bucket a folder under ``blobs/``, an object a file), a detached ``java -jar``.
 """
 
 from __future__ import annotations
@@ -54,8 +53,7 @@ class S3ProxyServer(Server):
 
     @classmethod
     def of_data(cls, data_dir: Path | str, *, port: int | None = None, host: str = "127.0.0.1") -> S3ProxyServer:
-        """The server of ``data_dir`` on ``port``, else on its earlier start's port (so stop and status
-        find it), else on :data:`DEFAULT_OBJECTSTORE_PORT`."""
+        """The server of ``data_dir`` on ``port``, else its last start's, else the default port."""
         if port is None:
             endpoint = read_properties(Path(data_dir) / "s3proxy.conf").get("s3proxy.endpoint")
             port = int(endpoint.rsplit(":", 1)[1]) if endpoint else DEFAULT_OBJECTSTORE_PORT
@@ -89,8 +87,7 @@ class S3ProxyServer(Server):
             conn.close()
 
     def foreign(self) -> str | None:
-        """What to say when this data folder's server does not run but something answers on its port
-        (usually the server of another data folder, whose credentials are not this folder's)."""
+        """What to say when this folder's server does not run but something answers on its port."""
         if not self.ready():
             return None
         return (f"port {self.port} is answered by another process: not the server of {self.data_dir} (another "

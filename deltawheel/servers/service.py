@@ -1,7 +1,5 @@
 """A server run from its data folder as a detached process: the base of ZooKeeper, S3Proxy, Kafka
-and Toxiproxy here. It refuses a port another program holds, waits until the server serves, and
-on failure stops what it started and raises its error with the log's tail.
-"""
+and Toxiproxy here."""
 
 from __future__ import annotations
 
@@ -24,9 +22,8 @@ def read_properties(path: Path) -> dict[str, str]:
 
 
 class Server:
-    """The server of ``data_dir`` on ``host:port``: its process, ``<stem>.pid`` and ``<stem>.log``.
-    A subclass gives its :meth:`command` and says when it serves (:meth:`ready`); ``prefix``: words
-    before its command, to run it on a test host (:mod:`.hosts`)."""
+    """The server of ``data_dir`` on ``host:port``, its ``<stem>.pid`` and ``<stem>.log``; a subclass gives
+    :meth:`command` and :meth:`ready`. ``prefix``: words before its command (a test host, :mod:`.hosts`)."""
 
     stop_timeout_s = 15.0  #: how long :meth:`stop` waits after SIGTERM by default
     start_timeout_s = 30.0  #: how long :meth:`start` waits for it to serve by default

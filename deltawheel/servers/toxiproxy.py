@@ -1,8 +1,5 @@
-"""Toxiproxy: a TCP proxy adding real network latency between a client and a local server.
-
-``deltawheel bench commits`` puts it between Spark and S3Proxy, so every object-store request waits
-on the wire as a remote one does. :func:`ensure_toxiproxy` builds the binary once with ``go install``
-into ``~/.cache/deltawheel/bin``; proxies are set through its HTTP API."""
+"""Toxiproxy: a TCP proxy adding real network latency between a client and a local server (``deltawheel
+bench commits``, the chaos run's ``net-cut``), built once with ``go install``, set through its HTTP API."""
 
 from __future__ import annotations
 

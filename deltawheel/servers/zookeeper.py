@@ -1,7 +1,5 @@
-"""An embedded ZooKeeper server run from pyspark's jars: standalone, or an ensemble member (:mod:`.ensemble`).
-
-A detached ``java`` process with its files in one data folder. Readiness is ``srvr`` answered with
-the server's version (``ruok`` answers before it serves). For development and tests.
+"""An embedded ZooKeeper server run from pyspark's jars as a detached ``java`` process with its files in
+one data folder: standalone, or an ensemble member (:mod:`.ensemble`). For development and tests.
 """
 
 from __future__ import annotations
@@ -68,7 +66,7 @@ class QuorumPeer:
 
 
 def pyspark_jars_dir() -> Path:
-    """The ``jars`` folder of the installed pyspark wheel (it ships ZooKeeper and its deps).
+    """The ``jars`` folder of the installed pyspark (it ships ZooKeeper).
 
     Raises:
         ZooKeeperServerError: pyspark is not installed or ships no ZooKeeper jar.
@@ -84,7 +82,7 @@ def pyspark_jars_dir() -> Path:
     return jars
 
 
-#: The jars the server loads classes from (by name prefix); the whole ``jars`` folder costs ~20 MiB of heap.
+#: The jars the server loads classes from (by name prefix): the whole folder costs ~20 MiB of heap.
 SERVER_JARS = ("zookeeper-", "slf4j-api-", "log4j-", "metrics-core-", "snappy-java-", "commons-io-", "commons-cli-")
 
 
@@ -121,8 +119,7 @@ def configured_port(data_dir: Path | str) -> int | None:
 
 
 def default_port(data_dir: Path | str, host: str) -> int:
-    """The port of an earlier start in ``data_dir`` (so stop/status find it), else 2181 unless another
-    program (e.g. another ZooKeeper) holds it, else a free port."""
+    """The port of an earlier start in ``data_dir``, else 2181 when free, else a free port."""
     port = configured_port(data_dir)
     if port is not None:
         return port
@@ -138,7 +135,6 @@ class EmbeddedZooKeeper(Server):
         jars_dir: folder of jars for the classpath; default: pyspark's ``jars``.
         quorum: every member of its ensemble, itself included; empty: standalone.
         myid: this server's id among ``quorum`` (required with it).
-        prefix: words before the server's command, to run it on a test host (:mod:`.hosts`).
     """
 
     def __init__(self, data_dir: Path | str, *, port: int = 2181, host: str = "127.0.0.1", jars_dir: Path | None = None,
@@ -155,11 +151,7 @@ class EmbeddedZooKeeper(Server):
             raise ZooKeeperServerError(f"myid {myid} is not one of the ensemble's ids "
                                        f"{sorted(p.myid for p in self.quorum)}")
         self._main_class = _QUORUM_MAIN_CLASS if self.quorum else _MAIN_CLASS
-
-    @property
-    def hosts(self) -> str:
-        """Client connection string ``host:port``."""
-        return f"{self.host}:{self.port}"
+        self.hosts = f"{host}:{port}"  #: the client connection string
 
     def ready(self) -> bool:
         """Whether it answers ``srvr`` with its mode (``ruok`` answers before it serves)."""
@@ -192,8 +184,7 @@ class EmbeddedZooKeeper(Server):
         (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
 
     def command(self) -> list[str]:
-        """The java command of this server, its ``zoo.cfg`` written; an ensemble member serves only
-        once a quorum runs: :meth:`launch` them all, then :meth:`wait_ready`.
+        """The java command of this server, its ``zoo.cfg`` written (an ensemble serves once a quorum runs).
 
         Raises:
             ZooKeeperServerError: java or the jars are missing."""

@@ -18,8 +18,8 @@ from typing import Any
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 
-from .auditmark import checked_upto, save_checked
 from .passes import MIN_VACUUM_RETAIN_HOURS, GcAction, GcReport, check_replay_horizon, run_gc
+from .ranlog import checked_upto, save_checked
 
 __all__ = ["BackgroundGc", "parse_every", "summary", "audit_recovery", "AUDIT_GRACE_MS"]
 

@@ -32,10 +32,9 @@ def gc_store(spark: Any, layout: StoreLayout, *, apply: bool,
     from deltawheel.statestore.delta.txn import TableLog
     from deltawheel.statestore.inspection.auditgap import audit_gap
 
-    from .auditmark import checked_upto, save_checked
     from .background import audit_recovery
     from .inputsets import prune_input_sets
-    from .ranlog import read_ran
+    from .ranlog import checked_upto, read_ran, save_checked
     from .zknodes import bound_pipelines, collect_zk_nodes
 
     # read before a log clean-up drops the commits: the tool commits after the last gc's check, and

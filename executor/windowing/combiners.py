@@ -55,20 +55,12 @@ class Sum(CombineFn):
         return sum(accs, 0)
 
 
-class Count(CombineFn):
+class Count(Sum):
     """Number of elements."""
-
-    def create(self) -> Any:
-        """0."""
-        return 0
 
     def add(self, acc: Any, value: Any) -> Any:
         """``acc + 1`` (the value is not looked at)."""
         return acc + 1
-
-    def merge(self, accs: Sequence[Any]) -> Any:
-        """The sum of the partial counts."""
-        return sum(accs, 0)
 
 
 class _Extreme(CombineFn):

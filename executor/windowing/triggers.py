@@ -109,13 +109,22 @@ class Never(Trigger):
         """Nothing to do: it never fires."""
 
 
-@dataclass(frozen=True)
-class Always(Trigger):
-    """Fires after every element."""
+class _Counting(Trigger):
+    """A trigger counting its pane's elements (``n``); merged windows' counts add up."""
 
     def on_element(self, tc: TriggerContext, i: int) -> None:
-        """Count the element."""
         tc.node(i)["n"] = tc.node(i).get("n", 0) + 1
+
+    def on_merge(self, tc: TriggerContext, i: int) -> None:
+        super().on_merge(tc, i)
+        n = sum(s[i].get("n", 0) for s in tc.merging)
+        if n and not tc.node(i).get("f"):
+            tc.node(i)["n"] = n
+
+
+@dataclass(frozen=True)
+class Always(_Counting):
+    """Fires after every element."""
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
         """An element arrived since the last firing."""
@@ -125,15 +134,9 @@ class Always(Trigger):
         """Reset the count."""
         tc.node(i).pop("n", None)
 
-    def on_merge(self, tc: TriggerContext, i: int) -> None:
-        """The count is the sum of the merged windows' counts."""
-        n = sum(s[i].get("n", 0) for s in tc.merging)
-        if n:
-            tc.node(i)["n"] = n
-
 
 @dataclass(frozen=True)
-class AfterCount(Trigger):
+class AfterCount(_Counting):
     """Fires once ``count`` elements are in the pane; then finishes."""
 
     count: int
@@ -142,10 +145,6 @@ class AfterCount(Trigger):
         if self.count < 1:
             raise WindowingError(f"after_count needs count >= 1, got {self.count}")
 
-    def on_element(self, tc: TriggerContext, i: int) -> None:
-        """Count the element."""
-        tc.node(i)["n"] = tc.node(i).get("n", 0) + 1
-
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
         """``count`` elements are in the pane."""
         return int(tc.node(i).get("n", 0)) >= self.count
@@ -153,13 +152,6 @@ class AfterCount(Trigger):
     def on_fire(self, tc: TriggerContext, i: int) -> None:
         """Finish."""
         tc.states[i] = {"f": 1}
-
-    def on_merge(self, tc: TriggerContext, i: int) -> None:
-        """Finished if any merged window's was; else the sum of their counts."""
-        super().on_merge(tc, i)
-        n = sum(s[i].get("n", 0) for s in tc.merging)
-        if n and not tc.node(i).get("f"):
-            tc.node(i)["n"] = n
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.rowtable.rows import KeyRow
@@ -20,30 +20,9 @@ from deltawheel.statestore.rowtable.rows import KeyRow
 from ..computation import Record
 from ..tasks.usercode.keyrun import run_key
 from .panes import AccumulationMode
-from .triggers import (
-    AfterAll,
-    AfterAny,
-    AfterCount,
-    AfterEach,
-    AfterProcessingTime,
-    AfterWatermark,
-    Always,
-    Never,
-    OrFinally,
-    Repeatedly,
-    Trigger,
-    default_trigger,
-)
+from .triggers import trigger_from_spec
 from .windowed import WindowedComputation, dropped_stream, windowed
-from .windows import (
-    END_OF_INPUT_MS,
-    FixedWindows,
-    GlobalWindows,
-    Sessions,
-    SlidingWindows,
-    WindowFn,
-    WindowingError,
-)
+from .windows import END_OF_INPUT_MS, WindowingError, window_fn_from_spec
 
 __all__ = ["Backend", "MemoryBackend", "DeltaBackend", "Scenario", "load_scenario", "run_scenario",
            "assert_panes_equal", "PANE_FIELDS", "window_fn_from_spec", "trigger_from_spec"]
@@ -141,78 +120,6 @@ class DeltaBackend:
         return sorted(self._rows)
 
 
-def _spec_ms(spec: Mapping[str, Any], field: str, unit_ms: int, default: float | None = None) -> int:
-    value = spec.get(field, default)
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise WindowingError(f"windowing {spec.get('type')!r} needs a number {field!r}, got {value!r}")
-    return round(value * unit_ms)
-
-
-def window_fn_from_spec(spec: Mapping[str, Any], *, unit_ms: int = 1000) -> WindowFn:
-    """Build a window function from its scenario description (times in ``unit_ms`` units).
-
-    Raises:
-        WindowingError: unknown type or missing/invalid field.
-    """
-    kind = spec.get("type")
-    if kind == "global":
-        return GlobalWindows()
-    if kind == "fixed":
-        return FixedWindows(_spec_ms(spec, "size", unit_ms), _spec_ms(spec, "offset", unit_ms, 0))
-    if kind == "sliding":
-        return SlidingWindows(_spec_ms(spec, "size", unit_ms), _spec_ms(spec, "period", unit_ms),
-                              _spec_ms(spec, "offset", unit_ms, 0))
-    if kind == "sessions":
-        return Sessions(_spec_ms(spec, "gap", unit_ms))
-    raise WindowingError(f"unknown windowing type {kind!r}; use global, fixed, sliding or sessions")
-
-
-_LEAF_TRIGGERS: dict[str, Callable[[], Trigger]] = {"default": default_trigger, "always": Always, "never": Never}
-_COMPOSITE_TRIGGERS: dict[str, Callable[[tuple[Trigger, ...]], Trigger]] = {
-    "after_any": AfterAny, "after_all": AfterAll, "after_each": AfterEach}
-
-
-def trigger_from_spec(spec: Mapping[str, Any], *, unit_ms: int = 1000) -> Trigger:
-    """Build a trigger tree from its scenario description (delays in ``unit_ms`` units).
-
-    Raises:
-        WindowingError: unknown type or missing/invalid field.
-    """
-    if not isinstance(spec, Mapping):
-        raise WindowingError(f"a trigger must be an object with a 'type', got {spec!r}")
-    kind = spec.get("type")
-
-    def sub(name: str) -> Trigger:
-        if name not in spec:
-            raise WindowingError(f"trigger {kind!r} needs {name!r}")
-        return trigger_from_spec(spec[name], unit_ms=unit_ms)
-
-    def subs() -> tuple[Trigger, ...]:
-        items = spec.get("triggers")
-        if not isinstance(items, Sequence) or not items:
-            raise WindowingError(f"trigger {kind!r} needs a non-empty list 'triggers'")
-        return tuple(trigger_from_spec(t, unit_ms=unit_ms) for t in items)
-
-    if kind in _LEAF_TRIGGERS:
-        return _LEAF_TRIGGERS[kind]()
-    if kind in _COMPOSITE_TRIGGERS:
-        return _COMPOSITE_TRIGGERS[kind](subs())
-    if kind == "after_watermark":
-        return AfterWatermark(early=sub("early") if "early" in spec else None,
-                              late=sub("late") if "late" in spec else None)
-    if kind == "after_count":
-        return AfterCount(int(spec.get("count", 0)))
-    if kind == "after_processing_time":
-        if not isinstance(spec.get("delay"), (int, float)):
-            raise WindowingError("trigger 'after_processing_time' needs a number 'delay'")
-        return AfterProcessingTime(round(spec["delay"] * unit_ms))
-    if kind == "repeatedly":
-        return Repeatedly(sub("trigger"))
-    if kind == "or_finally":
-        return OrFinally(sub("trigger"), sub("finally"))
-    raise WindowingError(f"unknown trigger type {kind!r}")
-
-
 @dataclass(frozen=True)
 class Scenario:
     """A parsed scenario: its computation and its steps (ms)."""
@@ -307,7 +214,6 @@ class _Runner:
             self.backend.save([new], [])
 
     def fire_due(self, step: int) -> None:
-        """Run the keys whose event-time or processing-time timer is due."""
         for key in self.backend.keys(self.comp.name):
             row = self.backend.load(self.comp.name, key)
             if row is None:
@@ -317,7 +223,6 @@ class _Runner:
                 self.run(key, [], step)
 
     def apply(self, i: int, step: Mapping[str, Any]) -> None:
-        """Scenario step ``i``: an element, or a watermark or processing-time advance."""
         if "key" in step:
             key = str(step["key"])
             rec = Record(key=key, value=step["value"], timestamp_ms=_ms(step["event_time"], "event_time"),

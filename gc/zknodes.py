@@ -1,11 +1,8 @@
-"""Garbage collection of a store's ZooKeeper nodes (``deltawheel gc``'s ``zk`` passes).
-
-Two kinds grow with time, for the pipelines bound to this store:
-
-* ``zk_instances``: a gone instance's watermark estimates, deleted once it owns no lease and holds
-  no watermark back; the delete names the version read, so an estimate published meanwhile is kept.
-* ``zk_replays``: a replay's chroot (``{chroot}-replay-{hash}``), deleted once its shadow store is
-  gone and it holds no lease."""
+"""Garbage collection of a store's ZooKeeper nodes (``deltawheel gc``'s ``zk`` passes), for the
+pipelines bound to the store: ``zk_instances``, a gone instance's watermark estimates, deleted once it
+owns no lease and holds no watermark back (the delete names the version read, so an estimate
+published meanwhile is kept); ``zk_replays``, a replay's chroot (``{chroot}-replay-{hash}``), deleted
+once its shadow store is gone and it holds no lease."""
 
 from __future__ import annotations
 

@@ -48,9 +48,8 @@ def refuse_while_running(client: Any, layout: StoreLayout, *, rows_table_id: str
 
 
 def refuse_while_running_on(spark: Any, layout: StoreLayout, zookeeper: Callable[[], AbstractContextManager[Any]]) -> None:
-    """:func:`refuse_while_running` for ``layout``'s pending migrations, as the pipelines' ZooKeeper
-    (a kazoo client ``zookeeper()`` opens, only when a migration is pending on an existing rows table)
-    shows.
+    """:func:`refuse_while_running` for ``layout``'s pending migrations; ``zookeeper()`` opens a kazoo
+    client, only when a migration is pending on an existing rows table.
 
     Raises:
         StoreInUseError: a pipeline of the store runs.

@@ -12,14 +12,14 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 
-from .auditmark import checked_upto, save_checked
 from .passes import MIN_VACUUM_RETAIN_HOURS, GcAction, GcReport, check_replay_horizon, run_gc
+from .ranlog import checked_upto, save_checked
 
 __all__ = ["BackgroundGc", "parse_every", "summary", "audit_recovery", "AUDIT_GRACE_MS"]
 
@@ -27,16 +27,6 @@ __all__ = ["BackgroundGc", "parse_every", "summary", "audit_recovery", "AUDIT_GR
 AUDIT_GRACE_MS = 10 * 60_000
 
 _LOG = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Options:
-    stream_retention_ms: int | None
-    metrics_retention_ms: int | None
-    vacuum_retain_hours: float
-    log_retention_ms: int | None
-    late_data_retention_ms: int | None = None
-    dead_letter_retention_ms: int | None = None
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)\s*$")
@@ -122,13 +112,12 @@ class BackgroundGc:
                          ("dead_letter_retention_ms", dead_letter_retention_ms), ("audit_grace_ms", audit_grace_ms)):
             if ms is not None and ms < 0:
                 raise ConfigError(f"background gc's {what} must be >= 0, got {ms}; nothing was started")
-        self._options = _Options(stream_retention_ms=stream_retention_ms,
-                                 metrics_retention_ms=metrics_retention_ms,
-                                 vacuum_retain_hours=vacuum_retain_hours, log_retention_ms=log_retention_ms,
-                                 late_data_retention_ms=late_data_retention_ms,
-                                 dead_letter_retention_ms=dead_letter_retention_ms)
+        self._options: dict[str, Any] = dict(  # run_gc's settings
+            stream_retention_ms=stream_retention_ms, metrics_retention_ms=metrics_retention_ms,
+            vacuum_retain_hours=vacuum_retain_hours, log_retention_ms=log_retention_ms,
+            late_data_retention_ms=late_data_retention_ms, dead_letter_retention_ms=dead_letter_retention_ms,
+            keep_replay_ms=keep_replay_ms)
         self.audit_grace_ms = audit_grace_ms
-        self.keep_replay_ms = keep_replay_ms
         self.progress = progress  # a line as a run starts and ends (the runners give theirs when None)
         self.runs = 0  # the runs started
         self.reports: list[GcReport] = []  # the runs that finished, newest last (the last 100)
@@ -183,18 +172,13 @@ class BackgroundGc:
                 pass
 
     def _run(self) -> None:
-        o = self._options
         t0 = time.monotonic()
         n = self.runs
         self._say(f"background gc #{n} started")
         try:
             now_ms = int(time.time() * 1000)
             gap, settled = _audit_gap(self.spark, self.layout, before_ms=now_ms - self.audit_grace_ms)  # before a log clean-up
-            report = run_gc(self.spark, self.layout, now_ms=now_ms, apply=True,
-                            stream_retention_ms=o.stream_retention_ms, metrics_retention_ms=o.metrics_retention_ms,
-                            vacuum_retain_hours=o.vacuum_retain_hours, log_retention_ms=o.log_retention_ms,
-                            keep_replay_ms=self.keep_replay_ms, late_data_retention_ms=o.late_data_retention_ms,
-                            dead_letter_retention_ms=o.dead_letter_retention_ms)
+            report = run_gc(self.spark, self.layout, now_ms=now_ms, apply=True, **self._options)
             report = replace(report, actions=audit_recovery(self.spark, self.layout, gap, apply=True) + report.actions)
             save_checked(self.layout, settled)  # every tool commit up to it has its row now
             self.reports = [*self.reports[-99:], report]

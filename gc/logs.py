@@ -25,11 +25,6 @@ def log_files(path: str, spark: Any | None = None) -> TableFiles | None:
     return None if files is None else files.sub("_delta_log")
 
 
-def _listing(folder: TableFiles) -> dict[str, float]:
-    """name -> modification time (epoch seconds) of the log folder's files."""
-    return {name: mtime_ns / 1e9 for name, _size, mtime_ns in folder.list_files() or []}
-
-
 def log_entries(path: str, spark: Any | None = None) -> int:
     """How many versioned files a table's ``_delta_log`` holds; -1 where the file seam does not reach."""
     folder = log_files(path, spark)
@@ -59,7 +54,7 @@ def clean_log(path: str, *, cutoff_s: float, apply: bool, spark: Any | None = No
     folder = log_files(path, spark)
     if folder is None:
         return 0, None
-    mtimes = _listing(folder)
+    mtimes = {name: mtime_ns / 1e9 for name, _size, mtime_ns in folder.list_files() or []}  # epoch seconds
     names = list(mtimes)
 
     def committed_s(version: int) -> float:

@@ -317,11 +317,8 @@ def _rerecord_paths(spark: Any, path: str, *, apply: bool) -> int:
     _version, live = log.files("true", where=lambda _pv: True)
     odd = [f for f in live if delta_path(decode_path(f.path)) != f.path]
     if apply and odd:
-        adds = []
-        for f in odd:
-            add = json.loads(f.action_json)["add"]
-            add.update(path=delta_path(decode_path(f.path)), dataChange=False)
-            adds.append(json.dumps({"add": add}))
+        adds = [json.dumps({"add": {**json.loads(f.action_json)["add"], "path": delta_path(decode_path(f.path)),
+                                    "dataChange": False}}) for f in odd]
         log.commit(remove=odd, add=adds, user_metadata=json.dumps({"deltawheel": 1, "kind": "gc_paths"}))
     return len(odd)
 

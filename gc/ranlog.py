@@ -1,8 +1,9 @@
-"""What the rows table's log says each interval ran: the ``input_sets`` pass's evidence, read once.
+"""What gc keeps of its reads of the rows table's log, in ``<store>/_gc/`` (local stores only).
 
-``deltawheel gc --apply`` keeps what it read in ``<store>/_gc/ran_in_log.json``, and the next gc
-opens only the commits after it. The saved evidence is used only while its last commit is in the
-log with the same bytes (the log only appends). docs/rescaling.md, "Bounded sets". Local stores only."""
+``ran_in_log.json``: what each interval ran, the ``input_sets`` pass's evidence (docs/rescaling.md,
+"Bounded sets"); ``audit_checked.json``: the version up to which every tool commit has its audit
+row. Each is used only while its last commit is in the log with the same bytes (the log only
+appends), so the next gc opens only the commits after it."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from deltawheel.statestore.delta.log import commit_info_in, json_commit_versions
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.inputfiles import ran_of
 
-__all__ = ["RanLog", "commit_fingerprint", "keep_json", "local_root", "ran_in_log", "read_ran", "save_ran", "saved_path",
-           "RAN_LOG_FORMAT_VERSION"]
+__all__ = ["RanLog", "ran_in_log", "read_ran", "save_ran", "saved_path", "RAN_LOG_FORMAT_VERSION",
+           "AUDIT_MARK_FORMAT_VERSION", "checked_upto", "mark_path", "save_checked"]
 
 RAN_LOG_FORMAT_VERSION = 1
+AUDIT_MARK_FORMAT_VERSION = 1
 
 _LOG = logging.getLogger(__name__)
 
@@ -42,8 +44,12 @@ class RanLog:
 
 def saved_path(layout: StoreLayout) -> str | None:
     """Where gc keeps the evidence it read (None: not a local store)."""
-    root = local_root(layout)
-    return None if root is None else os.path.join(root, "_gc", "ran_in_log.json")
+    return _kept_path(layout, "ran_in_log.json")
+
+
+def mark_path(layout: StoreLayout) -> str | None:
+    """Where gc keeps the audit check's version (None: not a local store)."""
+    return _kept_path(layout, "audit_checked.json")
 
 
 def ran_in_log(rows: str) -> dict[str, dict[int, frozenset[str]]]:
@@ -68,10 +74,36 @@ def save_ran(layout: StoreLayout, got: RanLog, *, forget: Mapping[str, Iterable[
     ran = {c: {str(iv): sorted(fs - drop.get(c, frozenset())) for iv, fs in sorted(per.items())}
            for c, per in sorted(got.ran.items())}
     doc = {"format_version": RAN_LOG_FORMAT_VERSION, "upto": got.upto, "fingerprint": got.fingerprint, "ran": ran}
-    return keep_json(path, doc, what="the input_sets evidence")
+    return _keep_json(path, doc, what="the input_sets evidence")
 
 
-def keep_json(path: str, doc: Mapping[str, Any], *, what: str) -> bool:
+def checked_upto(layout: StoreLayout) -> int | None:
+    """The kept rows version up to which every tool commit has its audit row; None: read every commit."""
+    doc = _kept_doc(mark_path(layout), AUDIT_MARK_FORMAT_VERSION)
+    if doc is None or not _unchanged(layout, doc):
+        return None
+    return int(doc["upto"])
+
+
+def save_checked(layout: StoreLayout, upto: int) -> bool:
+    """Keep ``upto`` for the next gc. False: not kept (a remote store, no such commit, not written)."""
+    path, log = mark_path(layout), log_files(layout.rows)
+    if path is None or log is None or upto < 0:
+        return False
+    text = log.read_text(f"{upto:020d}.json")
+    if text is None:
+        return False
+    doc = {"format_version": AUDIT_MARK_FORMAT_VERSION, "upto": upto, "fingerprint": _fingerprint(text)}
+    return _keep_json(path, doc, what="the audit check's version")
+
+
+def _kept_path(layout: StoreLayout, name: str) -> str | None:
+    if not layout.is_local:
+        return None
+    return os.path.join(layout.root.removeprefix("file://").removeprefix("file:"), "_gc", name)
+
+
+def _keep_json(path: str, doc: Mapping[str, Any], *, what: str) -> bool:
     """Write ``doc`` to ``path`` aside, then rename; False, with a warning naming ``what``, on failure."""
     staged = f"{path}.{uuid.uuid4().hex}.tmp"
     try:
@@ -90,38 +122,46 @@ def keep_json(path: str, doc: Mapping[str, Any], *, what: str) -> bool:
     return True
 
 
-def local_root(layout: StoreLayout) -> str | None:
-    """The folder of a local store (None: a remote one)."""
-    if not layout.is_local:
+def _kept_doc(path: str | None, format_version: int) -> dict[str, Any] | None:
+    """The document kept at ``path`` with an int ``upto`` and a str ``fingerprint`` (None: none, or not ours)."""
+    if path is None:
         return None
-    return layout.root.removeprefix("file://").removeprefix("file:")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        if not isinstance(doc, dict) or doc.get("format_version") != format_version:
+            return None
+        doc["upto"], doc["fingerprint"] = int(doc["upto"]), str(doc["fingerprint"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return doc
 
 
-def commit_fingerprint(text: str) -> str:
+def _unchanged(layout: StoreLayout, doc: Mapping[str, Any]) -> bool:
+    """Whether the commit ``doc`` names is in the rows table's log with the same bytes."""
+    log = log_files(layout.rows)
+    text = None if log is None else log.read_text(f"{doc['upto']:020d}.json")
+    return text is not None and _fingerprint(text) == doc["fingerprint"]
+
+
+def _fingerprint(text: str) -> str:
     """The SHA-256 of a JSON commit's text: the same commit of the same log, or not."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _load(layout: StoreLayout) -> RanLog:
     """The saved evidence if valid for the log now, else none (upto -1); ``read`` counts the check."""
-    path = saved_path(layout)
-    log = log_files(layout.rows)
-    if path is None or log is None:
+    doc = _kept_doc(saved_path(layout), RAN_LOG_FORMAT_VERSION)
+    if doc is None:
         return RanLog({})
     try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-        if not isinstance(doc, dict) or doc.get("format_version") != RAN_LOG_FORMAT_VERSION:
-            return RanLog({})
-        upto, fingerprint = int(doc["upto"]), str(doc["fingerprint"])
         ran = {str(c): {int(iv): frozenset(str(n) for n in names) for iv, names in per.items()}
                for c, per in doc["ran"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none, or not ours: the full read
+    except (ValueError, KeyError, TypeError, AttributeError):  # not ours: the full read
         return RanLog({})
-    text = log.read_text(f"{upto:020d}.json")
-    if text is None or commit_fingerprint(text) != fingerprint:  # another log, or that commit cleaned up
+    if not _unchanged(layout, doc):  # another log, or that commit cleaned up
         return RanLog({}, read=1)
-    return RanLog(ran, upto, fingerprint, read=1)
+    return RanLog(ran, doc["upto"], doc["fingerprint"], read=1)
 
 
 def _read(rows: str, *, after: int, ran: Ran, fingerprint: str | None = None, read: int = 0) -> RanLog:
@@ -138,7 +178,7 @@ def _read(rows: str, *, after: int, ran: Ran, fingerprint: str | None = None, re
         if text is None:  # cleaned up since the listing: it says nothing (as a commit cleaned before)
             continue
         read += 1
-        upto, fingerprint = v, commit_fingerprint(text)
+        upto, fingerprint = v, _fingerprint(text)
         _fold(out, commit_info_in(log.path(name), text.splitlines()))
     return RanLog({c: {iv: frozenset(fs) for iv, fs in per.items()} for c, per in out.items()}, upto, fingerprint,
                   read)

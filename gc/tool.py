@@ -21,10 +21,9 @@ def gc_store(spark: Any, layout: StoreLayout, *, apply: bool,
              lease_wait_s: float = 60.0, **passes: Any) -> GcReport:
     """Plan (default) or run every gc pass over ``layout``; ``passes``: :func:`.passes.run_gc`'s settings.
 
-    ``zookeeper``: None leaves ZooKeeper alone; else it opens the pipelines' ZooKeeper as (client in
-    the chroot, client at ``/`` or None when the chroot is ``/``, chroot) for the gone instances'
-    and finished replays' znodes and the input-file sets pruned under the intervals' leases (waiting
-    ``lease_wait_s`` for running owners to hand them over).
+    ``zookeeper``: None leaves ZooKeeper alone; else it opens (client in the chroot, client at ``/``
+    or None when the chroot is ``/``, chroot) for the znode and input-set passes, which wait
+    ``lease_wait_s`` for running owners to hand leases over.
 
     Raises:
         What :func:`.passes.run_gc` raises, before anything changed.
@@ -32,10 +31,9 @@ def gc_store(spark: Any, layout: StoreLayout, *, apply: bool,
     from deltawheel.statestore.delta.txn import TableLog
     from deltawheel.statestore.inspection.auditgap import audit_gap
 
-    from .auditmark import checked_upto, save_checked
     from .background import audit_recovery
     from .inputsets import prune_input_sets
-    from .ranlog import read_ran
+    from .ranlog import checked_upto, read_ran, save_checked
     from .zknodes import bound_pipelines, collect_zk_nodes
 
     # read before a log clean-up drops the commits: the tool commits after the last gc's check, and

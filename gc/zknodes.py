@@ -1,11 +1,8 @@
-"""Garbage collection of a store's ZooKeeper nodes (``deltawheel gc``'s ``zk`` passes).
-
-Two kinds grow with time, for the pipelines bound to this store:
-
-* ``zk_instances``: a gone instance's watermark estimates, deleted once it owns no lease and holds
-  no watermark back; the delete names the version read, so an estimate published meanwhile is kept.
-* ``zk_replays``: a replay's chroot (``{chroot}-replay-{hash}``), deleted once its shadow store is
-  gone and it holds no lease."""
+"""Garbage collection of a store's ZooKeeper nodes (``deltawheel gc``'s ``zk`` passes), for the
+pipelines bound to the store: ``zk_instances``, a gone instance's watermark estimates, deleted once it
+owns no lease and holds no watermark back (the delete names the version read, so an estimate
+published meanwhile is kept); ``zk_replays``, a replay's chroot (``{chroot}-replay-{hash}``), deleted
+once its shadow store is gone and it holds no lease."""
 
 from __future__ import annotations
 
@@ -35,8 +32,8 @@ def _children(client: KazooClient, path: str) -> list[str]:
         return []
 
 
-def _binding(client: KazooClient, path: str) -> dict[str, Any] | None:
-    """The store binding at ``path`` (None: none, or not one)."""
+def _object(client: KazooClient, path: str) -> dict[str, Any] | None:
+    """The JSON object at ``path``, e.g. a store binding or a lease owner (None: none, or not one)."""
     try:
         data, _ = client.get(path)
         raw = json.loads(data.decode("utf-8"))
@@ -51,11 +48,7 @@ def _lease_holders(client: KazooClient, pipeline: str) -> set[str]:
     base = f"/pipelines/{pipeline}/computations"
     for comp in _children(client, base):
         for iv in _children(client, f"{base}/{comp}/intervals"):
-            try:
-                data, _ = client.get(f"{base}/{comp}/intervals/{iv}/owner")
-                raw = json.loads(data.decode("utf-8"))
-            except (NoNodeError, ValueError, UnicodeDecodeError):
-                continue
+            raw = _object(client, f"{base}/{comp}/intervals/{iv}/owner") or {}
             out.update(str(raw[k]) for k in ("instance", "owner") if raw.get(k))
     return out
 
@@ -111,7 +104,7 @@ def _finished_replays(client: KazooClient, chroot: str, *, store_exists: Callabl
             continue
         root = f"{parent.rstrip('/')}/{name}"
         pipelines = _children(client, f"{root}/pipelines")
-        bindings = [_binding(client, f"{root}/pipelines/{p}/store") for p in pipelines]
+        bindings = [_object(client, f"{root}/pipelines/{p}/store") for p in pipelines]
         stores = [str(b["root"]) for b in bindings if b is not None and b.get("root")]
         if not stores or any(store_exists(s) for s in stores):
             continue  # not a shadow store's chroot we can place, or its store is still there
@@ -143,7 +136,7 @@ def _local_store_exists(root: str) -> bool:
 def bound_pipelines(client: KazooClient, *, rows_table_id: str) -> list[str]:
     """The pipelines of ``client``'s chroot bound to the store whose rows table is ``rows_table_id``."""
     return [p for p in _children(client, "/pipelines")
-            if str((_binding(client, store_path(p)) or {}).get("rows_table_id")) == rows_table_id]
+            if str((_object(client, store_path(p)) or {}).get("rows_table_id")) == rows_table_id]
 
 
 def collect_zk_nodes(client: KazooClient, root: KazooClient | None, *, rows_table_id: str,
@@ -154,10 +147,7 @@ def collect_zk_nodes(client: KazooClient, root: KazooClient | None, *, rows_tabl
     ``root``: a client not chrooted, reaching the replays' chroots (None: skip them)."""
     actions: list[GcAction] = []
     verb = "deleted" if apply else "would delete"
-    for pipeline in _children(client, "/pipelines"):
-        bound = _binding(client, store_path(pipeline))
-        if bound is None or str(bound.get("rows_table_id")) != rows_table_id:
-            continue
+    for pipeline in bound_pipelines(client, rows_table_id=rows_table_id):
         n = _gone_instances(client, pipeline, apply=apply)
         actions.append(GcAction("zk_instances", f"zk:/pipelines/{pipeline}",
                                 f"{verb} {n} estimates of gone instances that hold no watermark back", n))

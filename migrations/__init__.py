@@ -115,11 +115,8 @@ def plan(spark: Any, layout: StoreLayout) -> list[PlannedMigration]:
     probe_store(spark, layout)
     done = applied_versions(spark, layout)
     _check_not_too_new(layout, max(done, default=0))
-    return [
-        PlannedMigration(version=m.VERSION, name=m.NAME, description=m.describe(layout))
-        for m in sorted(MIGRATIONS, key=lambda m: m.VERSION)
-        if m.VERSION not in done
-    ]
+    return [PlannedMigration(version=m.VERSION, name=m.NAME, description=m.describe(layout))
+            for m in sorted(MIGRATIONS, key=lambda m: m.VERSION) if m.VERSION not in done]
 
 
 def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True,

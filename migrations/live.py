@@ -5,34 +5,21 @@ schema it started on: migrating is refused while a pipeline of the store has an 
 
 from __future__ import annotations
 
-import json
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Sequence
 
+from deltawheel.gc.zknodes import bound_pipelines
 from deltawheel.statestore.exceptions import StoreInUseError
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.zk.binding import store_path
 from deltawheel.statestore.zk.lease_tools import list_leases
-from kazoo.exceptions import NoNodeError
 
 __all__ = ["running_pipelines", "refuse_while_running", "refuse_while_running_on"]
 
 
 def running_pipelines(client: Any, *, rows_table_id: str) -> dict[str, list[str]]:
     """Pipeline -> owners of its held leases, for the store's pipelines that hold at least one."""
-    try:
-        pipelines = sorted(client.get_children("/pipelines"))
-    except NoNodeError:
-        return {}
     out: dict[str, list[str]] = {}
-    for p in pipelines:
-        try:
-            data, _ = client.get(store_path(p))
-            bound = json.loads(data.decode("utf-8"))
-        except (NoNodeError, ValueError, UnicodeDecodeError):
-            continue
-        if not isinstance(bound, dict) or str(bound.get("rows_table_id")) != rows_table_id:
-            continue
+    for p in bound_pipelines(client, rows_table_id=rows_table_id):
         owners = sorted({str(r["owner"]) for r in list_leases(client, pipeline=p) if r["owner"] is not None})
         if owners:
             out[p] = owners
@@ -61,9 +48,8 @@ def refuse_while_running(client: Any, layout: StoreLayout, *, rows_table_id: str
 
 
 def refuse_while_running_on(spark: Any, layout: StoreLayout, zookeeper: Callable[[], AbstractContextManager[Any]]) -> None:
-    """:func:`refuse_while_running` for ``layout``'s pending migrations, as the pipelines' ZooKeeper
-    (a kazoo client ``zookeeper()`` opens, only when a migration is pending on an existing rows table)
-    shows.
+    """:func:`refuse_while_running` for ``layout``'s pending migrations; ``zookeeper()`` opens a kazoo
+    client, only when a migration is pending on an existing rows table.
 
     Raises:
         StoreInUseError: a pipeline of the store runs.

@@ -18,23 +18,13 @@ META_COLUMNS = "version INT NOT NULL, name STRING, applied_ms BIGINT, deltawheel
 
 def describe(layout: StoreLayout) -> str:
     """One line saying what :func:`apply` does to ``layout``."""
-    return (
-        f"create the migrations table {layout.meta} and the rows table {layout.rows} "
-        "(partitioned by computation, interval; deletion vectors on)"
-    )
+    return (f"create the migrations table {layout.meta} and the rows table {layout.rows} "
+            "(partitioned by computation, interval; deletion vectors on)")
 
 
 def apply(spark: Any, layout: StoreLayout) -> None:
     """Create both tables; tables that already exist are left alone (idempotent)."""
     create_table(spark, layout.meta, META_COLUMNS, properties={"deltawheel.table": "meta"})
-    create_table(
-        spark,
-        layout.rows,
-        rows_schema_ddl(),
-        partitioned_by=("computation", "interval"),
-        properties={
-            "delta.enableDeletionVectors": "true",
-            "deltawheel.table": "rows",
-            "deltawheel.format_version": str(ROW_FORMAT_VERSION),
-        },
-    )
+    create_table(spark, layout.rows, rows_schema_ddl(), partitioned_by=("computation", "interval"),
+                 properties={"delta.enableDeletionVectors": "true", "deltawheel.table": "rows",
+                             "deltawheel.format_version": str(ROW_FORMAT_VERSION)})

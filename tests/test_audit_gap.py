@@ -52,10 +52,10 @@ def test_sql_shows_the_missing_audit_row_from_the_commit_without_writing(  # typ
 
 
 def test_the_audit_check_reads_only_the_commits_after_the_last_gcs(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
-    """After a gc appended the missing rows it keeps the version it read up to (``gc/auditmark.py``);
+    """After a gc appended the missing rows it keeps the version it read up to (``gc/ranlog.py``);
     the next check opens only the commits after it and finds what a read of every commit finds. A
     kept version whose commit is not this log's any more is not used."""
-    from deltawheel.gc.auditmark import checked_upto, mark_path, save_checked
+    from deltawheel.gc.ranlog import checked_upto, mark_path, save_checked
     from deltawheel.statestore.inspection.auditgap import audit_gap
     from deltawheel.statestore.surgery.audit import recover_audit
 
@@ -109,6 +109,6 @@ def test_gc_appends_the_missing_audit_row_once_its_passes_succeeded(spark, migra
     assert [(a["audit_id"], a["commit_version"], a["rows_upserted"]) for a in audit] == [("lost-1", version, 1)]
     assert json.loads(audit[0]["detail"])["recovered"] is True
     # the next gc starts its check after the version this one read (a dry run keeps nothing)
-    from deltawheel.gc.auditmark import checked_upto
+    from deltawheel.gc.ranlog import checked_upto
 
     assert (checked_upto(migrated_store) or -1) >= version

@@ -1,17 +1,17 @@
 """The per-batch protocol: :class:`BatchProtocol` runs DESIGN's seven steps on one micro-batch.
 
-The body's ``# Step N`` comments number them: leases, dedup, load, user
-code (steps 2-4 in Spark tasks, ``tasks/job.py``), fenced commit, delivery, watermarks. Steps 3-5
-rerun, at most :data:`STALE_VIEW_ATTEMPTS` times, while the write path's view of the rows is stale;
-open deliveries hold the low watermark and are settled before the next commit. A crash anywhere
-followed by a restart gives the same rows and stream records as a run without it."""
+The body's ``# Step N`` comments number them: leases, dedup, load, user code (steps 2-4 in Spark
+tasks, ``tasks/job.py``), fenced commit, delivery, watermarks. Steps 3-5 rerun, at most
+:data:`STALE_VIEW_ATTEMPTS` times, while the write path's view of the rows is stale; open deliveries
+hold the low watermark and are settled before the next commit. A crash anywhere followed by a
+restart gives the same rows and stream records as a run without it."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from deltawheel.statestore.rowtable.inputfiles import commit_entry
 from deltawheel.statestore.writepath.delivery import record_dead_letters, record_late
@@ -31,11 +31,8 @@ if TYPE_CHECKING:
 
 JOB_DESCRIPTION = "spark.job.description"  # Spark's local property behind setJobDescription
 STALE_VIEW_ATTEMPTS = 3  # runs of steps 3-5 while the write path's view of the rows went stale
-T = TypeVar("T")
-
 
 __all__ = ["BatchProtocol", "BatchState", "JOB_DESCRIPTION", "STALE_VIEW_ATTEMPTS", "retry_stale_view"]
-
 
 #: A lateness watermark before every event time: no record is late.
 NOTHING_LATE = -(2**62)
@@ -321,15 +318,10 @@ class BatchProtocol:
         assert b.prepared is not None
         # ``late``: the tasks' count plus the records routed to late_data before user code
         report = BatchReport(
-            batch_id=b.batch_id, records_in=c.records_in, processed=c.processed, duplicates=c.duplicates,
-            late=c.late + b.late_routed, late_routed=b.late_routed, dead_letters=c.dead_letters,
-            timers_fired=c.timers_fired, productions=c.productions, keys_written=c.keys_written,
-            input_watermark_ms=b.wm_in, low_watermark_ms=low, commit_s=b.commit_s,
+            **{**dataclasses.asdict(c), "late": c.late + b.late_routed}, batch_id=b.batch_id,
+            late_routed=b.late_routed, input_watermark_ms=b.wm_in, low_watermark_ms=low, commit_s=b.commit_s,
             wall_s=time.monotonic() - b.started, steps_s=tuple(b.steps_s), straggled=b.straggler is not None,
-            direct=b.prepared.direct is not None, ids_expired=c.ids_expired, keys_expired=c.keys_expired,
-            bloom_checked=c.bloom_checked,
-            bloom_maybe=c.bloom_maybe, bloom_false_pos=c.bloom_false_pos, bloom_bytes=c.bloom_bytes,
-            intervals_run=c.intervals_run, images_read=c.images_read, skipped_moved=b.skipped, timers_only=b.df is None)
+            direct=b.prepared.direct is not None, skipped_moved=b.skipped, timers_only=b.df is None)
         ex.reports.append(report)
         ex.records_in_total += report.records_in
         if report.direct:  # the batch's DataFrame never ran: Spark's progress would show 0 input rows

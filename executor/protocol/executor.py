@@ -39,13 +39,11 @@ __all__ = ["ComputationExecutor", "REPORTS_KEPT"]
 class ComputationExecutor:
     """Runs one computation's batches; pass it to ``writeStream.foreachBatch``.
 
-    Args:
-        owner: holds the computation's intervals (leases + fenced commits).
-        authority: the watermark authority (None: only given ``input_watermark_ms`` fire timers).
-        upstream: ``"injector:NAME"`` / ``"computation:NAME"`` entries making the input watermark.
-        manual_watermarks: the caller passes ``input_watermark_ms``, so no watermark source is needed.
-        write_path: ``"image"``, ``"merge"`` or ``"auto"`` (``tasks/paths.py``).
-        event_ahead_ms: per input stream, how far (ms) event time may be ahead of the clock ({}: no check)."""
+    ``authority``: None: only a given ``input_watermark_ms`` fires timers; ``upstream``:
+    ``"injector:NAME"`` / ``"computation:NAME"`` entries making the input watermark;
+    ``manual_watermarks``: the caller gives ``input_watermark_ms``; ``write_path``: ``"image"``,
+    ``"merge"`` or ``"auto"``; ``event_ahead_ms``: per input stream, how far event time may be ahead
+    of the clock ({}: no check)."""
 
     def __init__(self, spark: Any, layout: StoreLayout, computation: Computation, *, owner: IntervalOwner,
                  authority: WatermarkAuthority | None = None, upstream: Sequence[str] = (),
@@ -244,10 +242,7 @@ class ComputationExecutor:
 
     def report(self, batch_id: int) -> BatchReport | None:
         """The report of batch ``batch_id``; None when not kept (the newest :data:`REPORTS_KEPT` are)."""
-        for r in reversed(self.reports):
-            if r.batch_id == batch_id:
-                return r
-        return None
+        return next((r for r in reversed(self.reports) if r.batch_id == batch_id), None)
 
     def flush(self, *, input_watermark_ms: int | None = None) -> BatchReport:
         """A batch without input: fire what the (given or published) watermark makes due."""

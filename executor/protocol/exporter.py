@@ -95,9 +95,9 @@ class MetricsExporter:
         from prometheus_client.core import GaugeMetricFamily
 
         held = GaugeMetricFamily("deltawheel_intervals_held", "key intervals this process holds leases on",
-                                 labels=["pipeline", "computation", "instance"])
+                                 labels=list(_LABELS))
         seq = GaugeMetricFamily("deltawheel_lease_sequencer", "the sequencer of each held lease",
-                                labels=["pipeline", "computation", "instance", "interval"])
+                                labels=[*_LABELS, "interval"])
         for ex in list(self._executors):
             try:
                 leases = ex.owner.leases

@@ -92,12 +92,8 @@ def batch_row(report: Any, *, pipeline: str | None, computation: str, instance: 
             "input_watermark_ms": report.input_watermark_ms, "low_watermark_ms": report.low_watermark_ms,
             "state_rows": state[0], "state_bytes": state[1], "format_version": METRICS_FORMAT_VERSION,
             "keys_expired": int(getattr(report, "keys_expired", 0)),
-            "image_cache_hit_rate": _hit_rate(report)}
-
-
-def _hit_rate(report: Any) -> float | None:
-    rate = getattr(report, "image_cache_hit_rate", None)
-    return None if rate is None else round(float(rate), 4)
+            "image_cache_hit_rate": None if (rate := getattr(report, "image_cache_hit_rate", None)) is None
+            else round(float(rate), 4)}
 
 
 def state_size(files: Mapping[int, Sequence[Any]] | None) -> tuple[int | None, int | None]:
@@ -205,7 +201,8 @@ class BatchMetrics:
         if not self._created:
             self._create()
         if self._files is None:
-            self._spark_append(rows)
+            df = self.spark.createDataFrame([tuple(r.get(n) for n in _NAMES) for r in rows], schema=METRICS_COLUMNS)
+            df.write.format("delta").mode("append").save(self.path)
             return
         import pyarrow as pa
         from deltawheel.statestore.delta.txn import TableLog, new_add
@@ -243,10 +240,6 @@ class BatchMetrics:
         self._files = table_files(self.spark, self.path)
         self._created = True
 
-    def _spark_append(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        df = self.spark.createDataFrame([tuple(r.get(n) for n in _NAMES) for r in rows], schema=METRICS_COLUMNS)
-        df.write.format("delta").mode("append").save(self.path)
-
 
 def read_batches(layout: StoreLayout, *, spark: Any = None, pipeline: str | None = None) -> list[dict[str, Any]]:
     """The metrics rows of ``layout``, oldest first ([] before the table exists)."""
@@ -254,7 +247,6 @@ def read_batches(layout: StoreLayout, *, spark: Any = None, pipeline: str | None
     from deltawheel.statestore.delta.storefs import local_path
 
     path = layout.metrics_batches
-    rows: list[dict[str, Any]]
     local = local_path(path)
     if local is not None and not local_table_exists(path):
         return []
@@ -263,9 +255,8 @@ def read_batches(layout: StoreLayout, *, spark: Any = None, pipeline: str | None
         import pyarrow.parquet as pq
         from deltawheel.statestore.delta.txn import decode_path
 
-        rows = []
-        for add in snap.adds:
-            rows += pq.read_table(f"{local}/{decode_path(add['path'])}").to_pylist()
+        rows: list[dict[str, Any]] = [r for add in snap.adds
+                                      for r in pq.read_table(f"{local}/{decode_path(add['path'])}").to_pylist()]
     else:
         if spark is None:
             raise ValueError(f"reading {path} needs a SparkSession (not a local store)")

@@ -34,14 +34,12 @@ def source_log_files(checkpoint: str | TableFiles, *, source: int = 0,
         top = None if rng is None else rng[1]
     done = set(committed) if top is None else set(range(top + 1))  # (an older checkpoint: entry = batch)
     names = [(int(m.group(1)), n) for n in listed if (m := _COMPACT.match(n))]
-    out: dict[int, list[str]] = {}
+    out: dict[int, dict[str, None]] = {}  # (a dict keeps the names in order, once each)
     for _, name in sorted(names):
         for bid, base in _log_entries(logdir.read_text(name) or ""):
             if bid in done or not committed_only:
-                listed_of = out.setdefault(bid, [])
-                if base not in listed_of:
-                    listed_of.append(base)
-    return out
+                out.setdefault(bid, {})[base] = None
+    return {bid: list(bases) for bid, bases in out.items()}
 
 
 def _files(checkpoint: str | TableFiles) -> TableFiles:
@@ -50,11 +48,7 @@ def _files(checkpoint: str | TableFiles) -> TableFiles:
 
 def _entry_names(text: str, batch_id: int) -> list[str]:
     """The file names a file-source log file (``sources/<i>/<n>[.compact]``) lists for ``batch_id``."""
-    out: list[str] = []
-    for bid, base in _log_entries(text):
-        if bid == batch_id and base not in out:
-            out.append(base)
-    return out
+    return list(dict.fromkeys(base for bid, base in _log_entries(text) if bid == batch_id))
 
 
 def _log_entries(text: str) -> Iterator[tuple[int, str]]:

@@ -101,11 +101,7 @@ def _file_inputs(comp: Computation, injectors: Mapping[str, Injector], streams: 
 def kafka_input(comp: Computation, injectors: Mapping[str, Injector], *, checkpoint: str,
                 table_of: Callable[[str], str] | None = None) -> SharedInput | None:
     """The positions of a Kafka-fed computation; None when it reads no Kafka injector or lacks positions."""
-    kafka: dict[str, KafkaInjector] = {}
-    for s in comp.inputs:
-        inj = injectors.get(s)
-        if isinstance(inj, KafkaInjector):
-            kafka[s] = inj
+    kafka = {s: inj for s in comp.inputs if isinstance(inj := injectors.get(s), KafkaInjector)}
     if not kafka:
         return None
     rest = [s for s in comp.inputs if s not in kafka]
@@ -121,13 +117,6 @@ def kafka_input(comp: Computation, injectors: Mapping[str, Injector], *, checkpo
     return SharedInput(comp=comp, parquet=parquet, tables=tables, checkpoint=checkpoint,
                        num_intervals=type(comp).num_intervals, kafka=kafka,
                        file_source=_source_index(comp, parquet))
-
-
-def file_column() -> Any:
-    """The input file name of a Parquet injector's record (``commit_id`` is ``file={name}#row={n}``)."""
-    from pyspark.sql import functions as F
-
-    return F.regexp_extract(F.col("commit_id"), r"^file=(.*)#row=[0-9]+$", 1)
 
 
 @dataclass(kw_only=True)
@@ -153,9 +142,6 @@ class SharedInput:
             return uri
         return self.files_of(uri) or uri
 
-    def _checkpoint(self) -> str | TableFiles:
-        return self._where(self.checkpoint)
-
     def _remote(self) -> TableFiles | None:
         where = self._where(self.checkpoint)
         return where if isinstance(where, TableFiles) and not where.is_local else None
@@ -166,8 +152,8 @@ class SharedInput:
 
         pos = None
         for stream in self.comp.inputs:
-            if stream in self.parquet:
-                e = file_column()
+            if stream in self.parquet:  # a Parquet injector's commit_id: file={name}#row={n}
+                e = F.regexp_extract(F.col("commit_id"), r"^file=(.*)#row=[0-9]+$", 1)
             else:
                 e = F.concat(F.lit(f"{stream}/"), F.regexp_extract(F.input_file_name(), r"([^/]*)$", 1))
             cond = F.col("stream") == F.lit(stream)
@@ -210,7 +196,7 @@ class SharedInput:
 
     def _query_files(self, batch_id: int) -> list[str] | None:
         """The files micro-batch ``batch_id`` read through the file source; None: not known."""
-        where = self._checkpoint()
+        where = self._where(self.checkpoint)
         if isinstance(where, str) and local_path(where) is None:
             return None
         return query_batch_files(where, batch_id, source=self.file_source)
@@ -245,9 +231,7 @@ class SharedInput:
                                   "executor's batches must come from the query whose checkpoint that is")
             return files
         logged = self.table_positions(batch_id)
-        if logged is not None:
-            return logged
-        return self._distinct(df)
+        return logged if logged is not None else self._distinct(df)
 
     def _distinct(self, df: Any) -> list[str]:
         if _POSITION not in df.columns:
@@ -314,7 +298,7 @@ class SharedInput:
 
     def consumed(self) -> set[str]:
         """The positions this instance's query consumed (its committed batches)."""
-        chk = self._checkpoint()
+        chk = self._where(self.checkpoint)
         out: set[str] = set().union(*positions_log(chk).values())
         if not self.tables:
             out |= set().union(*source_log_files(chk, source=self.file_source).values())
@@ -323,9 +307,7 @@ class SharedInput:
     def missing(self, intervals: Iterable[int]) -> list[str]:
         """The positions this instance consumed that some of ``intervals`` has not processed."""
         consumed = self.consumed()
-        out: set[str] = set()
-        for iv in intervals:
-            out |= consumed - self.done.get(iv, frozenset())
+        out = set().union(*(consumed - self.done.get(iv, frozenset()) for iv in intervals))
         return sorted(p for p in out if p in self.recorded or not self.gone(p))
 
     def folder_of(self, position: str) -> tuple[str | None, str]:

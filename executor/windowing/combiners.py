@@ -55,35 +55,24 @@ class Sum(CombineFn):
         return sum(accs, 0)
 
 
-class Count(CombineFn):
+class Count(Sum):
     """Number of elements."""
-
-    def create(self) -> Any:
-        """0."""
-        return 0
 
     def add(self, acc: Any, value: Any) -> Any:
         """``acc + 1`` (the value is not looked at)."""
         return acc + 1
-
-    def merge(self, accs: Sequence[Any]) -> Any:
-        """The sum of the partial counts."""
-        return sum(accs, 0)
 
 
 class _Extreme(CombineFn):
     _pick: Any = staticmethod(min)
 
     def create(self) -> Any:
-        """None (no value yet)."""
         return None
 
     def add(self, acc: Any, value: Any) -> Any:
-        """The extreme of ``acc`` and ``value``."""
         return value if acc is None else self._pick(acc, value)
 
     def merge(self, accs: Sequence[Any]) -> Any:
-        """The extreme of the non-empty accumulators (None if all are empty)."""
         present = [a for a in accs if a is not None]
         return self._pick(present) if present else None
 

@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.rowtable.rows import KeyRow
@@ -20,30 +20,9 @@ from deltawheel.statestore.rowtable.rows import KeyRow
 from ..computation import Record
 from ..tasks.usercode.keyrun import run_key
 from .panes import AccumulationMode
-from .triggers import (
-    AfterAll,
-    AfterAny,
-    AfterCount,
-    AfterEach,
-    AfterProcessingTime,
-    AfterWatermark,
-    Always,
-    Never,
-    OrFinally,
-    Repeatedly,
-    Trigger,
-    default_trigger,
-)
+from .triggers import trigger_from_spec
 from .windowed import WindowedComputation, dropped_stream, windowed
-from .windows import (
-    END_OF_INPUT_MS,
-    FixedWindows,
-    GlobalWindows,
-    Sessions,
-    SlidingWindows,
-    WindowFn,
-    WindowingError,
-)
+from .windows import END_OF_INPUT_MS, WindowingError, window_fn_from_spec
 
 __all__ = ["Backend", "MemoryBackend", "DeltaBackend", "Scenario", "load_scenario", "run_scenario",
            "assert_panes_equal", "PANE_FIELDS", "window_fn_from_spec", "trigger_from_spec"]
@@ -141,78 +120,6 @@ class DeltaBackend:
         return sorted(self._rows)
 
 
-def _spec_ms(spec: Mapping[str, Any], field: str, unit_ms: int, default: float | None = None) -> int:
-    value = spec.get(field, default)
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise WindowingError(f"windowing {spec.get('type')!r} needs a number {field!r}, got {value!r}")
-    return round(value * unit_ms)
-
-
-def window_fn_from_spec(spec: Mapping[str, Any], *, unit_ms: int = 1000) -> WindowFn:
-    """Build a window function from its scenario description (times in ``unit_ms`` units).
-
-    Raises:
-        WindowingError: unknown type or missing/invalid field.
-    """
-    kind = spec.get("type")
-    if kind == "global":
-        return GlobalWindows()
-    if kind == "fixed":
-        return FixedWindows(_spec_ms(spec, "size", unit_ms), _spec_ms(spec, "offset", unit_ms, 0))
-    if kind == "sliding":
-        return SlidingWindows(_spec_ms(spec, "size", unit_ms), _spec_ms(spec, "period", unit_ms),
-                              _spec_ms(spec, "offset", unit_ms, 0))
-    if kind == "sessions":
-        return Sessions(_spec_ms(spec, "gap", unit_ms))
-    raise WindowingError(f"unknown windowing type {kind!r}; use global, fixed, sliding or sessions")
-
-
-_LEAF_TRIGGERS: dict[str, Callable[[], Trigger]] = {"default": default_trigger, "always": Always, "never": Never}
-_COMPOSITE_TRIGGERS: dict[str, Callable[[tuple[Trigger, ...]], Trigger]] = {
-    "after_any": AfterAny, "after_all": AfterAll, "after_each": AfterEach}
-
-
-def trigger_from_spec(spec: Mapping[str, Any], *, unit_ms: int = 1000) -> Trigger:
-    """Build a trigger tree from its scenario description (delays in ``unit_ms`` units).
-
-    Raises:
-        WindowingError: unknown type or missing/invalid field.
-    """
-    if not isinstance(spec, Mapping):
-        raise WindowingError(f"a trigger must be an object with a 'type', got {spec!r}")
-    kind = spec.get("type")
-
-    def sub(name: str) -> Trigger:
-        if name not in spec:
-            raise WindowingError(f"trigger {kind!r} needs {name!r}")
-        return trigger_from_spec(spec[name], unit_ms=unit_ms)
-
-    def subs() -> tuple[Trigger, ...]:
-        items = spec.get("triggers")
-        if not isinstance(items, Sequence) or not items:
-            raise WindowingError(f"trigger {kind!r} needs a non-empty list 'triggers'")
-        return tuple(trigger_from_spec(t, unit_ms=unit_ms) for t in items)
-
-    if kind in _LEAF_TRIGGERS:
-        return _LEAF_TRIGGERS[kind]()
-    if kind in _COMPOSITE_TRIGGERS:
-        return _COMPOSITE_TRIGGERS[kind](subs())
-    if kind == "after_watermark":
-        return AfterWatermark(early=sub("early") if "early" in spec else None,
-                              late=sub("late") if "late" in spec else None)
-    if kind == "after_count":
-        return AfterCount(int(spec.get("count", 0)))
-    if kind == "after_processing_time":
-        if not isinstance(spec.get("delay"), (int, float)):
-            raise WindowingError("trigger 'after_processing_time' needs a number 'delay'")
-        return AfterProcessingTime(round(spec["delay"] * unit_ms))
-    if kind == "repeatedly":
-        return Repeatedly(sub("trigger"))
-    if kind == "or_finally":
-        return OrFinally(sub("trigger"), sub("finally"))
-    raise WindowingError(f"unknown trigger type {kind!r}")
-
-
 @dataclass(frozen=True)
 class Scenario:
     """A parsed scenario: its computation and its steps (ms)."""
@@ -295,33 +202,38 @@ class _Runner:
             self.expired.append({"key": key, "after_step": step})
         for p in out.productions:
             value = self.codec.decode(p.value)
+            secs = {k: _sec(value[k]) for k in ("event_time", "window_start", "window_end") if k in value}
             if p.stream == dropped_stream(_OUTPUT):
-                self.dropped.append({"step": step, "key": value["key"], "value": value["value"],
-                                     "event_time": _sec(value["event_time"]),
-                                     "window_start": _sec(value["window_start"]),
-                                     "window_end": _sec(value["window_end"]), "reason": value["reason"]})
+                self.dropped.append({"step": step, **value, **secs})
             else:
-                pane = dict(value)
-                pane["window_start"] = _sec(pane["window_start"])
-                pane["window_end"] = _sec(pane["window_end"])
-                pane["after_step"] = step
-                self.panes.append(pane)
+                self.panes.append({**value, **secs, "after_step": step})
         new = out.row.with_(pending=()) if out.row is not None else None  # delivered
         if new is None or (new.state is None and not new.timers and not new.record_ids):
             self.backend.save([], [key])
         else:
             self.backend.save([new], [])
 
-    def due_keys(self) -> list[str]:
-        out = []
+    def fire_due(self, step: int) -> None:
         for key in self.backend.keys(self.comp.name):
             row = self.backend.load(self.comp.name, key)
             if row is None:
                 continue
             ev, pt = row.next_event_timer_ms, row.next_processing_timer_ms
             if (ev is not None and self.wm is not None and ev < self.wm) or (pt is not None and pt <= self.now):
-                out.append(key)
-        return out
+                self.run(key, [], step)
+
+    def apply(self, i: int, step: Mapping[str, Any]) -> None:
+        if "key" in step:
+            key = str(step["key"])
+            rec = Record(key=key, value=step["value"], timestamp_ms=_ms(step["event_time"], "event_time"),
+                         record_id=f"step-{i}", stream="elements")
+            self.run(key, [rec], i)
+            return
+        if "watermark" in step:
+            self.wm = _ms(step["watermark"], "watermark")
+        else:
+            self.now = _ms(step["processing_time"], "processing_time")
+        self.fire_due(i)
 
 
 def run_scenario(scenario: Mapping[str, Any] | Path | str, *, backend: str | Backend = "memory") -> dict[str, Any]:
@@ -347,41 +259,32 @@ def run_scenario(scenario: Mapping[str, Any] | Path | str, *, backend: str | Bac
         raise WindowingError(f"unknown backend {backend!r}; use memory or delta")
     else:
         store = backend
-    r = _Runner(sc.computation, store)
-    begin = getattr(store, "begin_step", lambda: None)
-    end = getattr(store, "end_step", lambda: None)
-    for i, step in enumerate(sc.steps):
+    (r,) = _lockstep([sc], [store], store)
+    return _result(r)
+
+
+def _lockstep(scs: Sequence[Scenario], backends: Sequence[Backend], shared: Backend) -> list[_Runner]:
+    """Run ``scs`` on their ``backends``, one ``shared`` step for all: step i of each, then end of input."""
+    runners = [_Runner(sc.computation, b) for sc, b in zip(scs, backends, strict=True)]
+    begin = getattr(shared, "begin_step", lambda: None)
+    end = getattr(shared, "end_step", lambda: None)
+    for i in range(max(len(sc.steps) for sc in scs) + 1):
         begin()
-        _apply_step(r, sc, i, step)
+        for r, sc in zip(runners, scs, strict=True):
+            if i < len(sc.steps):
+                r.apply(i, sc.steps[i])
+            elif i == len(sc.steps):
+                r.wm = END_OF_INPUT_MS
+                r.fire_due(i)
         end()
-    begin()
-    _end_input(r, len(sc.steps))
-    end()
+    return runners
+
+
+def _result(r: _Runner) -> dict[str, Any]:
     panes = sorted(r.panes, key=lambda p: p["key"])  # stable: emission order within a key
-    if sc.computation.state_ttl is not None:
+    if r.comp.state_ttl is not None:
         return {"panes": panes, "dropped": r.dropped, "expired": r.expired}
     return {"panes": panes, "dropped": r.dropped}
-
-
-def _apply_step(r: _Runner, sc: Scenario, i: int, step: Mapping[str, Any]) -> None:
-    if "key" in step:
-        key = str(step["key"])
-        rec = Record(key=key, value=step["value"], timestamp_ms=_ms(step["event_time"], "event_time"),
-                     record_id=f"step-{i}", stream="elements")
-        r.run(key, [rec], i)
-        return
-    if "watermark" in step:
-        r.wm = _ms(step["watermark"], "watermark")
-    else:
-        r.now = _ms(step["processing_time"], "processing_time")
-    for key in r.due_keys():
-        r.run(key, [], i)
-
-
-def _end_input(r: _Runner, after_step: int) -> None:
-    r.wm = END_OF_INPUT_MS
-    for key in r.due_keys():
-        r.run(key, [], after_step)
 
 
 def assert_panes_equal(actual: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
@@ -438,15 +341,5 @@ def run_scenarios_lockstep(scenarios: Sequence[Mapping[str, Any] | Path | str], 
 
     Keys are namespaced per scenario, so each result equals what :func:`run_scenario` gives alone."""
     scs = [load_scenario(s) for s in scenarios]
-    runners = [_Runner(sc.computation, _Namespaced(backend, f"s{i:03d}/")) for i, sc in enumerate(scs)]
-    begin = getattr(backend, "begin_step", lambda: None)
-    end = getattr(backend, "end_step", lambda: None)
-    for i in range(max(len(sc.steps) for sc in scs) + 1):
-        begin()
-        for r, sc in zip(runners, scs, strict=True):
-            if i < len(sc.steps):
-                _apply_step(r, sc, i, sc.steps[i])
-            elif i == len(sc.steps):
-                _end_input(r, i)
-        end()
-    return [{"panes": sorted(r.panes, key=lambda p: p["key"]), "dropped": r.dropped} for r in runners]
+    runners = _lockstep(scs, [_Namespaced(backend, f"s{i:03d}/") for i in range(len(scs))], backend)
+    return [_result(r) for r in runners]

@@ -3,7 +3,6 @@
 In ``ACCUMULATING_AND_RETRACTING`` mode a new pane of a window is preceded by a retraction pane
 withdrawing the previous one, with the pane info of the pane it precedes."""
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -68,17 +67,10 @@ class Pane:
     def to_dict(self) -> dict[str, Any]:
         """The pane as produced to the output stream (times in ms; the global window's bounds None)."""
         glob = self.window.is_global
-        return {
-            "key": self.key,
-            "window_start": None if glob else self.window.start_ms,
-            "window_end": None if glob else self.window.end_ms,
-            "value": self.value,
-            "timing": self.info.timing.value,
-            "pane_index": self.info.index,
-            "is_first": self.info.is_first,
-            "is_last": self.info.is_last,
-            "retraction": self.retraction,
-        }
+        return {"key": self.key, "window_start": None if glob else self.window.start_ms,
+                "window_end": None if glob else self.window.end_ms, "value": self.value,
+                "timing": self.info.timing.value, "pane_index": self.info.index, "is_first": self.info.is_first,
+                "is_last": self.info.is_last, "retraction": self.retraction}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> "Pane":

@@ -7,14 +7,13 @@ target (ms), ``o`` the watermark trigger's on-time firing happened (1). docs/win
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Mapping, Sequence
 
 from .windows import WindowingError
 
-__all__ = [
-    "TriggerContext", "Trigger", "AfterWatermark", "AfterCount", "AfterProcessingTime", "Repeatedly",
-    "AfterAny", "AfterAll", "AfterEach", "OrFinally", "Always", "Never", "DefaultTrigger", "default_trigger",
-]
+__all__ = ["TriggerContext", "Trigger", "AfterWatermark", "AfterCount", "AfterProcessingTime", "Repeatedly",
+           "AfterAny", "AfterAll", "AfterEach", "OrFinally", "Always", "Never", "DefaultTrigger", "default_trigger",
+           "trigger_from_spec"]
 
 NodeState = dict[str, Any]
 
@@ -49,14 +48,6 @@ class Trigger:
     def size(self) -> int:
         """Number of nodes in this subtree."""
         return 1 + sum(c.size() for c in self.children())
-
-    def child_indices(self, i: int) -> list[int]:
-        """The state indices of the children of node ``i`` (their subtrees follow ``i`` in pre-order)."""
-        out, j = [], i + 1
-        for c in self.children():
-            out.append(j)
-            j += c.size()
-        return out
 
     def initial_state(self) -> list[NodeState]:
         """Fresh per-node state for a new window."""
@@ -94,7 +85,12 @@ class Trigger:
             c.on_merge(tc, j)
 
     def _kids(self, i: int) -> list[tuple["Trigger", int]]:
-        return list(zip(self.children(), self.child_indices(i), strict=True))
+        """The children of node ``i`` with their state indices (their subtrees follow ``i`` in pre-order)."""
+        out, j = [], i + 1
+        for c in self.children():
+            out.append((c, j))
+            j += c.size()
+        return out
 
 
 @dataclass(frozen=True)
@@ -109,13 +105,22 @@ class Never(Trigger):
         """Nothing to do: it never fires."""
 
 
-@dataclass(frozen=True)
-class Always(Trigger):
-    """Fires after every element."""
+class _Counting(Trigger):
+    """A trigger counting its pane's elements (``n``); merged windows' counts add up."""
 
     def on_element(self, tc: TriggerContext, i: int) -> None:
-        """Count the element."""
         tc.node(i)["n"] = tc.node(i).get("n", 0) + 1
+
+    def on_merge(self, tc: TriggerContext, i: int) -> None:
+        super().on_merge(tc, i)
+        n = sum(s[i].get("n", 0) for s in tc.merging)
+        if n and not tc.node(i).get("f"):
+            tc.node(i)["n"] = n
+
+
+@dataclass(frozen=True)
+class Always(_Counting):
+    """Fires after every element."""
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
         """An element arrived since the last firing."""
@@ -125,15 +130,9 @@ class Always(Trigger):
         """Reset the count."""
         tc.node(i).pop("n", None)
 
-    def on_merge(self, tc: TriggerContext, i: int) -> None:
-        """The count is the sum of the merged windows' counts."""
-        n = sum(s[i].get("n", 0) for s in tc.merging)
-        if n:
-            tc.node(i)["n"] = n
-
 
 @dataclass(frozen=True)
-class AfterCount(Trigger):
+class AfterCount(_Counting):
     """Fires once ``count`` elements are in the pane; then finishes."""
 
     count: int
@@ -142,10 +141,6 @@ class AfterCount(Trigger):
         if self.count < 1:
             raise WindowingError(f"after_count needs count >= 1, got {self.count}")
 
-    def on_element(self, tc: TriggerContext, i: int) -> None:
-        """Count the element."""
-        tc.node(i)["n"] = tc.node(i).get("n", 0) + 1
-
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
         """``count`` elements are in the pane."""
         return int(tc.node(i).get("n", 0)) >= self.count
@@ -153,13 +148,6 @@ class AfterCount(Trigger):
     def on_fire(self, tc: TriggerContext, i: int) -> None:
         """Finish."""
         tc.states[i] = {"f": 1}
-
-    def on_merge(self, tc: TriggerContext, i: int) -> None:
-        """Finished if any merged window's was; else the sum of their counts."""
-        super().on_merge(tc, i)
-        n = sum(s[i].get("n", 0) for s in tc.merging)
-        if n and not tc.node(i).get("f"):
-            tc.node(i)["n"] = n
 
 
 @dataclass(frozen=True)
@@ -219,7 +207,6 @@ class _Composite(Trigger):
     triggers: tuple[Trigger, ...]
 
     def children(self) -> tuple[Trigger, ...]:
-        """The subtriggers, in order."""
         return self.triggers
 
 
@@ -328,14 +315,8 @@ class AfterWatermark(Trigger):
         return tuple(t for t in (self.early, self.late) if t is not None)
 
     def _sub(self, i: int, which: str) -> tuple[Trigger, int] | None:
-        j = i + 1
-        if self.early is not None:
-            if which == "early":
-                return self.early, j
-            j += self.early.size()
-        if self.late is not None and which == "late":
-            return self.late, j
-        return None
+        present = [name for name in ("early", "late") if getattr(self, name) is not None]
+        return dict(zip(present, self._kids(i), strict=True)).get(which)
 
     def on_element(self, tc: TriggerContext, i: int) -> None:
         """Pass the element to ``early`` before the on-time firing, to ``late`` after it."""
@@ -404,3 +385,49 @@ class DefaultTrigger(Trigger):
 def default_trigger() -> Trigger:
     """Beam's default trigger, ``Repeatedly.forever(AfterWatermark.pastEndOfWindow())``."""
     return DefaultTrigger()
+
+
+_LEAF_TRIGGERS: dict[str, Callable[[], Trigger]] = {"default": default_trigger, "always": Always, "never": Never}
+_COMPOSITE_TRIGGERS: dict[str, Callable[[tuple[Trigger, ...]], Trigger]] = {
+    "after_any": AfterAny, "after_all": AfterAll, "after_each": AfterEach}
+
+
+def trigger_from_spec(spec: Mapping[str, Any], *, unit_ms: int = 1000) -> Trigger:
+    """Build a trigger tree from its scenario description (delays in ``unit_ms`` units).
+
+    Raises:
+        WindowingError: unknown type or missing/invalid field.
+    """
+    if not isinstance(spec, Mapping):
+        raise WindowingError(f"a trigger must be an object with a 'type', got {spec!r}")
+    kind = spec.get("type")
+
+    def sub(name: str) -> Trigger:
+        if name not in spec:
+            raise WindowingError(f"trigger {kind!r} needs {name!r}")
+        return trigger_from_spec(spec[name], unit_ms=unit_ms)
+
+    def subs() -> tuple[Trigger, ...]:
+        items = spec.get("triggers")
+        if not isinstance(items, Sequence) or not items:
+            raise WindowingError(f"trigger {kind!r} needs a non-empty list 'triggers'")
+        return tuple(trigger_from_spec(t, unit_ms=unit_ms) for t in items)
+
+    if kind in _LEAF_TRIGGERS:
+        return _LEAF_TRIGGERS[kind]()
+    if kind in _COMPOSITE_TRIGGERS:
+        return _COMPOSITE_TRIGGERS[kind](subs())
+    if kind == "after_watermark":
+        return AfterWatermark(early=sub("early") if "early" in spec else None,
+                              late=sub("late") if "late" in spec else None)
+    if kind == "after_count":
+        return AfterCount(int(spec.get("count", 0)))
+    if kind == "after_processing_time":
+        if not isinstance(spec.get("delay"), (int, float)):
+            raise WindowingError("trigger 'after_processing_time' needs a number 'delay'")
+        return AfterProcessingTime(round(spec["delay"] * unit_ms))
+    if kind == "repeatedly":
+        return Repeatedly(sub("trigger"))
+    if kind == "or_finally":
+        return OrFinally(sub("trigger"), sub("finally"))
+    raise WindowingError(f"unknown trigger type {kind!r}")

@@ -294,18 +294,12 @@ def windowed(*, name: str, inputs: Mapping[str, KeyExtractor], output: str, wind
              state_ttl: timedelta | None = Computation.state_ttl,
              state_ttl_processing: timedelta | None = Computation.state_ttl_processing,
              **unknown: Any) -> WindowedComputation:
-    """A windowed computation named ``name`` reading ``inputs`` and writing panes to ``output``.
+    """A windowed computation reading ``inputs`` (stream -> key extractor) and writing panes, timestamped
+    at the window end, to ``output`` (dropped elements to ``dropped_stream(output)``).
 
-    Args:
-        inputs: input stream -> key extractor, as :attr:`Computation.inputs`.
-        output: the pane stream (panes timestamped at the window end); dropped elements go to
-            ``dropped_stream(output)``.
-        trigger: default: Beam's default trigger.
-        allowed_lateness_ms: how long after its end a window keeps accepting data.
-        combine: a built-in combiner name (sum, count, min, max, mean) or a CombineFn.
-        value: maps a record value to the combiner's input (default: the value itself).
-
-    The other keywords are the :class:`Computation` settings of the same names.
+    ``trigger``: Beam's default if None; ``allowed_lateness_ms``: how long after its end a window
+    accepts data; ``combine``: sum, count, min, max, mean or a CombineFn; ``value``: maps a record
+    value to the combiner's input. The other keywords are the :class:`Computation` settings.
 
     Raises:
         ConfigError: invalid names or settings, or an unknown keyword argument.

@@ -12,24 +12,13 @@ global window fires when input ends.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from ..exceptions import WindowingError
 
-__all__ = [
-    "GLOBAL_START_MS",
-    "GLOBAL_END_MS",
-    "END_OF_INPUT_MS",
-    "WindowingError",
-    "Window",
-    "GLOBAL_WINDOW",
-    "WindowFn",
-    "GlobalWindows",
-    "FixedWindows",
-    "SlidingWindows",
-    "Sessions",
-    "merge_overlapping",
-]
+__all__ = ["GLOBAL_START_MS", "GLOBAL_END_MS", "END_OF_INPUT_MS", "WindowingError", "Window", "GLOBAL_WINDOW",
+           "WindowFn", "GlobalWindows", "FixedWindows", "SlidingWindows", "Sessions", "merge_overlapping",
+           "window_fn_from_spec"]
 
 GLOBAL_START_MS = -(2**61)
 GLOBAL_END_MS = 2**61
@@ -64,10 +53,6 @@ class Window:
             return GLOBAL_WINDOW
         start, end = wid.split(",")
         return Window(int(start), int(end))
-
-    def contains(self, timestamp_ms: int) -> bool:
-        """``start_ms <= timestamp_ms < end_ms``."""
-        return self.start_ms <= timestamp_ms < self.end_ms
 
     def span(self, other: "Window") -> "Window":
         """The smallest window covering both."""
@@ -132,12 +117,8 @@ class SlidingWindows(WindowFn):
     def assign(self, timestamp_ms: int) -> tuple[Window, ...]:
         """Every window that holds the timestamp, by start."""
         last = timestamp_ms - (timestamp_ms - self.offset_ms) % self.period_ms
-        out: list[Window] = []
-        start = last
-        while start > timestamp_ms - self.size_ms:
-            out.append(Window(start, start + self.size_ms))
-            start -= self.period_ms
-        return tuple(sorted(out))
+        starts = range(last, timestamp_ms - self.size_ms, -self.period_ms)
+        return tuple(sorted(Window(start, start + self.size_ms) for start in starts))
 
 
 @dataclass(frozen=True)
@@ -180,3 +161,29 @@ def merge_overlapping(windows: Sequence[Window]) -> list[tuple[Window, list[Wind
     if span is not None and len(group) > 1:
         out.append((span, group))
     return out
+
+
+def _spec_ms(spec: Mapping[str, Any], field: str, unit_ms: int, default: float | None = None) -> int:
+    value = spec.get(field, default)
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise WindowingError(f"windowing {spec.get('type')!r} needs a number {field!r}, got {value!r}")
+    return round(value * unit_ms)
+
+
+def window_fn_from_spec(spec: Mapping[str, Any], *, unit_ms: int = 1000) -> WindowFn:
+    """Build a window function from its scenario description (times in ``unit_ms`` units).
+
+    Raises:
+        WindowingError: unknown type or missing/invalid field.
+    """
+    kind = spec.get("type")
+    if kind == "global":
+        return GlobalWindows()
+    if kind == "fixed":
+        return FixedWindows(_spec_ms(spec, "size", unit_ms), _spec_ms(spec, "offset", unit_ms, 0))
+    if kind == "sliding":
+        return SlidingWindows(_spec_ms(spec, "size", unit_ms), _spec_ms(spec, "period", unit_ms),
+                              _spec_ms(spec, "offset", unit_ms, 0))
+    if kind == "sessions":
+        return Sessions(_spec_ms(spec, "gap", unit_ms))
+    raise WindowingError(f"unknown windowing type {kind!r}; use global, fixed, sliding or sessions")

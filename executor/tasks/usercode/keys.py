@@ -135,7 +135,7 @@ def context_factory(comp: Computation, codec: Any, wm: int | None, now: int
     def make(key: str, state_b: bytes | None, timers: dict[tuple[str, TimeDomain], Timer],
              hold: int | None, timer_seq: int | None, row_codec: str | None) -> Context:
         ctx = new(Context)
-        ctx.__dict__ = {**base, "_timer_seq": timer_seq, "_row_codec": row_codec, "key": key, "_state_bytes": state_b,
+        ctx.__dict__ = {**base, "timer_seq": timer_seq, "_row_codec": row_codec, "key": key, "_state_bytes": state_b,
                         "_timers": timers, "_productions": [], "_hold": hold}
         return ctx
 

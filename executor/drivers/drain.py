@@ -3,28 +3,52 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Mapping, Protocol
 
+from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.layout import StoreLayout
 
-from .pipeline import RunSummary
+from .pipeline import Pipeline, RunSummary
 from .runner import PipelineRunner
+from .wiring import Wiring
 
-if TYPE_CHECKING:
-    from .continuous import ContinuousRun
-
-__all__ = ["drain", "STOP_WAIT_S"]
+__all__ = ["Drainable", "drain", "STOP_WAIT_S"]
 
 #: How long the drain waits for a batch in flight to end: for as long as it takes.
 STOP_WAIT_S = 1e9
 
 
-def drain(run: ContinuousRun) -> RunSummary:
+class Drainable(Protocol):
+    """What :func:`drain` reads of a :class:`~.continuous.ContinuousRun`."""
+
+    spark: Any
+    layout: StoreLayout
+    pipeline: Pipeline
+    wiring: Wiring
+    zk: ZkConfig | None
+    instance: str | None
+    wait_s: float
+    write_path: str
+    direct_read: bool
+    progress: Callable[[str], None] | None
+
+    @property
+    def stages(self) -> Mapping[str, Any]:
+        """Computation name -> its live stage in this process."""
+
+    def stop(self, *, timeout_s: float = ...) -> Any:
+        """Stop the live queries after their batch in flight; give the leases back."""
+
+
+def drain(run: Drainable) -> RunSummary:
     """Stop ``run`` and run its pipeline to the end of its input; returns the drain rounds' summary.
 
     Raises:
-        ConfigError: not started by ``engine.start_pipeline``, sharing its intervals, or only some stages.
-        DeltaWheelError: a batch's own typed error."""
+        ConfigError: the run was not started by ``engine.start_pipeline``, shares its intervals, or
+            runs only some of the pipeline's computations.
+        DeltaWheelError: a batch's own typed error.
+    """
     name = run.pipeline.name
     if run.zk is None:
         raise ConfigError(f"drain: the run of {name} was not started by engine.start_pipeline (it has no ZooKeeper "

@@ -112,7 +112,8 @@ class WatermarkAuthority:
         return self._seen.last_known(computation)
 
     def watch_low_watermark(self, computation: str, callback: Callable[[int | None], None]) -> None:
-        """Call ``callback(value)`` now and on every change (on kazoo's thread: must not block)."""
+        """Call ``callback(value)`` now and after each change, on kazoo's thread (must not block);
+        changes in quick succession may come as one call with the latest value (ZooKeeper's watches)."""
         self._seen.watch(self._znodes.low(computation), computation, callback)
 
     def advance_low_watermark(self, computation: str, *, topology: Topology | None = None) -> int | None:

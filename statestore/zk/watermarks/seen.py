@@ -49,7 +49,8 @@ class LastSeen:
         return LastKnown(value, seen, stale=self._client.state != KazooState.CONNECTED)
 
     def watch(self, path: str, computation: str, callback: Callable[[int | None], None]) -> None:
-        """Call ``callback(value)`` now and on every change at ``path`` (a failing callback is logged)."""
+        """Call ``callback(value)`` now and after changes at ``path``, the latest value each time
+        (a failing callback is logged)."""
         def on_change(data: bytes | None, _stat: object) -> None:
             try:
                 value = None if data is None else decode(data, "low watermark")["low_watermark_ms"]

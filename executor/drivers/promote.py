@@ -191,11 +191,7 @@ def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, p
                 if late and run is None:
                     raise ReplayTargetError(_not_caught_up(into, len(late)))
                 if late and run is not None:
-                    batches = commits_after([*commits, *newer], int(marker["reached"]))
-                    say(f"catching up under the leases: {len(batches)} live batches")
-                    run.check([*commits, *newer], batches)
-                    run.run(batches, [*commits, *newer])
-                    caught.append(len(batches))
+                    caught.append(_rerun(run, [*commits, *newer], say, "under the leases: {} live batches"))
                 if run is not None and newer:
                     run.finish(newer[-1].version)
             with tl.phase("proof: the replay ran every live commit up to the version replaced"):
@@ -245,13 +241,19 @@ def _close_gap(spark: Any, store: StoreLayout, computation: str, run: ReplayRun,
         return known
 
     def catch_up(todo: Sequence[ComputationCommit]) -> None:
-        batches = commits_after(known, int(run.marker["reached"]))
-        say(f"catching up before the hand-over: {len(batches)} live batches that landed meanwhile")
-        run.check(known, batches)
-        run.run(batches, known)
+        _rerun(run, known, say, "before the hand-over: {} live batches that landed meanwhile")
         run.finish(known[-1].version)
 
     return known, close_gap(fetch, lambda: int(run.marker["reached"]), catch_up)
+
+
+def _rerun(run: ReplayRun, commits: list[ComputationCommit], say: Callable[[str], None], what: str) -> int:
+    """Re-run the live ``commits`` past the replay's marker, said as ``catching up <what>``; how many."""
+    batches = commits_after(commits, int(run.marker["reached"]))
+    say(f"catching up {what.format(len(batches))}")
+    run.check(commits, batches)
+    run.run(batches, commits)
+    return len(batches)
 
 
 def _no_seed() -> None:

@@ -448,6 +448,11 @@ def test_json_lines_through_the_executor_dead_letters_say_malformed(
         assert query.awaitTermination(180)
     finally:
         stop_executor(ex, client)
+    # the dead letters' own commit has its step in the batch timeline (not counted as the settle)
+    assert [r.dead_letters for r in ex.reports] == [1, 3]
+    for r in ex.reports:
+        steps = [k for k, _ in r.steps_s]
+        assert steps.index("load_and_user_code") + 1 == steps.index("dead_and_late") == steps.index("settle") - 1
     register_views(spark, migrated_store)
     dead = {r["source_position"]: (r["raw_value"].decode(), r["error"], r["key"]) for r in spark.sql(
         "SELECT source_position, raw_value, error, key FROM dead_letters").collect()}

@@ -275,6 +275,8 @@ class BatchProtocol:
         self._record_dead_letters(b, run.dead)
         b.late_routed = (record_late(ex.spark, ex.layout, run.late, computation=ex.comp.name,
                                      watermark_ms=b.wm_late, batch_id=b.batch_id) if run.late is not None else 0)
+        if run.dead is not None or run.late is not None:
+            b.mark("dead_and_late")  # their tables' commits, apart from the settle that follows
         return run
 
     def _straggled(self, b: BatchState, run: BatchRun[Any]) -> bool:

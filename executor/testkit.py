@@ -146,10 +146,8 @@ class ComputationTester:
     def add(self, value: Any, *, event_time_ms: int, stream: str | None = None, key: str | None = None,
             record_id: str | None = None) -> None:
         """Run one record now, then its key's due timers. ``key`` defaults to the stream's key extractor
-        on ``value`` (no usable key: a dead letter); a repeated ``record_id`` is a duplicate.
-
-        Raises:
-            WindowingError: the stream is not an input, or is keyed by ``RECORD_KEY`` without ``key``."""
+        on ``value`` (no usable key: a dead letter); a repeated ``record_id`` is a duplicate. Raises
+        WindowingError: the stream is not an input, or is keyed by ``RECORD_KEY`` without ``key``."""
         comp = self.computation
         inputs = dict(type(comp).inputs)
         if stream is None:
@@ -230,10 +228,8 @@ class ComputationTester:
         return got
 
     def with_computation(self, computation: Computation) -> ComputationTester:
-        """A tester of ``computation`` (e.g. the next version) over this tester's rows and clocks.
-
-        Raises:
-            ConfigError: ``computation`` is invalid, or has another name."""
+        """A tester of ``computation`` (e.g. the next version) over this tester's rows and clocks;
+        ConfigError when ``computation`` is invalid or has another name."""
         from deltawheel.statestore.exceptions import ConfigError
 
         if computation.name != self.computation.name:

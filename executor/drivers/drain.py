@@ -43,12 +43,8 @@ class Drainable(Protocol):
 
 def drain(run: Drainable) -> RunSummary:
     """Stop ``run`` and run its pipeline to the end of its input; returns the drain rounds' summary.
-
-    Raises:
-        ConfigError: the run was not started by ``engine.start_pipeline``, shares its intervals, or
-            runs only some of the pipeline's computations.
-        DeltaWheelError: a batch's own typed error.
-    """
+    Raises ConfigError (not started by ``engine.start_pipeline``, sharing its intervals, or running
+    only some computations) or a batch's own typed DeltaWheelError."""
     name = run.pipeline.name
     if run.zk is None:
         raise ConfigError(f"drain: the run of {name} was not started by engine.start_pipeline (it has no ZooKeeper "

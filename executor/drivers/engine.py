@@ -39,26 +39,23 @@ Progress = bool | Callable[[str], None] | None  # True: print the lines; False /
 
 
 def _lines(progress: Progress) -> Callable[[str], None] | None:
-    if progress is True:
-        return functools.partial(print, flush=True)
-    return progress or None
+    return functools.partial(print, flush=True) if progress is True else progress or None
+
+
+def _listed(upstream: Upstream | Sequence[Upstream]) -> list[Upstream]:
+    return [upstream] if isinstance(upstream, (str, Injector)) else list(upstream)
 
 
 def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "default", owner: str | None = None,
             zk_chroot: str = "/deltawheel", zk_digest: str | None = None, wait_s: float = 60.0,
             max_pause_s: float | None = DEFAULT_MAX_PAUSE_S, instance: str | None = None,
             zk_session_timeout_s: float | None = None) -> Engine:
-    """Check ``spark``, reach ZooKeeper, migrate ``store``; returns the :class:`Engine` to close.
-
-    Args:
-        spark: a classic session with Delta and deltawheel's log store.
-        store: a local folder or an ``s3a://`` (or other) URI.
-        zk: ``host:port[,host:port]``; None: a local store's embedded server.
-        pipeline: the name leases, sequencers and watermarks live under.
-        owner: this process's name on its leases (default ``host:pid``).
-        instance: this job's name across restarts: a restart takes its predecessor's leases at once.
-        wait_s: how long an executor's start waits for leases another process holds.
-        max_pause_s: how long a batch pauses while ZooKeeper does not serve (None: while the session lives).
+    """Check ``spark``, reach ZooKeeper, migrate ``store`` (a folder or URI); returns the :class:`Engine`
+    to close. ``zk`` None: a local store's embedded server; ``pipeline``: the name leases and
+    watermarks live under; ``owner``: the name on its leases (default ``host:pid``); ``instance``: this
+    job's name across restarts (a restart takes its predecessor's leases at once); ``wait_s``: how
+    long an executor's start waits for leases held elsewhere; ``max_pause_s``: how long a batch pauses
+    while ZooKeeper does not serve (None: while the session lives).
 
     Raises:
         SparkConnectSessionError: ``spark`` is a Spark Connect session.
@@ -130,7 +127,7 @@ class Engine:
         injectors and/or names such as ``"injector:NAME"``. Raises ConfigError (event-time timers
         without a watermark source, bad options) or LeaseHeldError after ``wait_s``."""
         self._check_open()
-        items = [upstream] if isinstance(upstream, (str, Injector)) else list(upstream)
+        items = _listed(upstream)
         feeding = [u for u in items if not isinstance(u, str)]
         names = sorted({u if isinstance(u, str) else f"injector:{u.name}" for u in items})
         hook = injector_hook(self.authority, feeding, checkpoint=checkpoint) if feeding else None
@@ -155,7 +152,7 @@ class Engine:
                               "is there now and stops; give one or the other")
         default, name = query_of(self.layout, self.pipeline, computation.name)
         chk = checkpoint or default
-        ups = [upstream] if isinstance(upstream, (str, Injector)) else list(upstream)
+        ups = _listed(upstream)
         if isinstance(source, Injector):
             df, ups = source.stream_df(self.spark), [source, *ups]
         else:
@@ -183,9 +180,7 @@ class Engine:
     def run(self, source: Any, computation: Computation, *, checkpoint: str | None = None,
             upstream: Upstream | Sequence[Upstream] = (), **options: Any) -> list[BatchReport]:
         """Run ``computation`` over everything ``source`` holds now, to its end; returns the batch reports.
-
-        Raises:
-            DeltaWheelError: the batch's own typed error (not Spark's wrapper of it)."""
+        Raises the batch's own typed DeltaWheelError (not Spark's wrapper of it)."""
         self.start(source, computation, checkpoint=checkpoint, available_now=True, upstream=upstream, **options)
         query, ex, failed = self._queries[-1]
         try:

@@ -109,10 +109,8 @@ class StopReport:
 
 
 def load_pipeline(target: str) -> Any:
-    """The ``Pipeline`` that ``MODULE:NAME`` (a module or a ``.py`` file) names, or a function returns.
-
-    Raises:
-        ConfigError: no ``:``, a module that cannot be imported, no such name, or not a Pipeline."""
+    """The ``Pipeline`` that ``MODULE:NAME`` (a module or a ``.py`` file) names, or a function returns;
+    ConfigError for no ``:``, a module that cannot be imported, no such name, or not a Pipeline."""
     module_name, sep, name = target.partition(":")
     if not sep or not module_name or not name:
         raise ConfigError(f"run {target!r}: expected MODULE:PIPELINE, e.g. myjob:pipeline (a Pipeline, or a function "

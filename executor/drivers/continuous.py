@@ -1,7 +1,6 @@
-"""Continuous pipelines: one unbounded streaming query per computation, live until stopped.
-
-Invariant: a downstream batch never acts on an upstream low watermark beyond what it read (the
-upstream caps and the hold of :class:`.BatchInputs`). docs/continuous.md; one stage: ``stage.py``."""
+"""Continuous pipelines: one unbounded streaming query per computation, live until stopped. A downstream
+batch never acts on an upstream low watermark beyond what it read (the upstream caps and the hold of
+:class:`.BatchInputs`). docs/continuous.md; one stage: ``stage.py``."""
 
 from __future__ import annotations
 
@@ -82,8 +81,6 @@ class ContinuousRun:
         self.background_gc = background_gc
         if background_gc is not None and background_gc.progress is None:
             background_gc.progress = self._log
-
-    # ------------------------------------------------------------------ lifecycle
 
     @property
     def queries(self) -> dict[str, Any]:
@@ -246,8 +243,6 @@ class ContinuousRun:
             if held:
                 stage.lock.release()
 
-    # ---------------------------------------------------------------- one stage
-
     def _start_stage(self, comp: Computation) -> None:
         p, authority = self.pipeline, self.wiring.authority
         injectors = {i.name: i for i in p.injectors}
@@ -326,8 +321,6 @@ class ContinuousRun:
     def _log(self, line: str) -> None:
         if self.progress is not None:
             self.progress(line)
-
-    # ----------------------------------------------------------------- the ticks
 
     def _tick_loop(self) -> None:
         assert self._handover is not None

@@ -25,10 +25,6 @@ class Pipeline:
     injectors: tuple[Injector, ...]
     computations: tuple[Computation, ...]
 
-    def producers(self, stream: str) -> list[str]:
-        """The names of the computations that write ``stream``."""
-        return [c.name for c in self.computations if stream in c.outputs]
-
     def upstream(self, comp: Computation) -> list[str]:
         """The sources feeding ``comp``, sorted: ``injector:<name>``, ``computation:<name>``."""
         names = {i.name for i in self.injectors}
@@ -37,7 +33,7 @@ class Pipeline:
             if s in names:
                 out.append(f"injector:{s}")
             else:
-                prods = self.producers(s)
+                prods = [c.name for c in self.computations if s in c.outputs]
                 if not prods:
                     raise ConfigError(f"{comp.name} reads stream {s!r}, which no injector or computation produces")
                 out += [f"computation:{p}" for p in prods]

@@ -98,8 +98,7 @@ def wire(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, owner: 
 
 
 def open_client(spark: Any, layout: StoreLayout, zk: ZkConfig) -> tuple[Any, Callable[[], None]]:
-    """A started kazoo client of ``zk`` arbitrating an object store's commits, and the release of that
-    arbitration (called after closing the client)."""
+    """A started kazoo client of ``zk`` arbitrating an object store's commits, and the release to call after."""
     release = _arbitrate_commits(spark, layout, zk)
     try:
         return connect(zk), release

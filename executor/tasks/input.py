@@ -1,6 +1,5 @@
-"""Input preparation in the JVM, shared by both write paths' jobs (step 2 of a batch).
-
-Only the key UDF is shipped to the workers: it captures plain values, never the session or clients."""
+"""Input preparation in the JVM, shared by both write paths' jobs (step 2 of a batch). Only the key UDF
+is shipped to the workers: it captures plain values, never the session or clients."""
 
 from __future__ import annotations
 

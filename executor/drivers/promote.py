@@ -151,7 +151,10 @@ def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, p
         if no_wait:
             refuse_live_owners(client, pipeline=pipeline, computation=computation,
                                intervals=range(num) if ivs is None else ivs)
-        _refuse_other_tool(client, pipeline=pipeline, computation=computation)
+        other = read_handover(client, pipeline, computation)  # refused at once while another tool works
+        if other is not None:
+            raise LeaseHeldError(f"another tool is changing {pipeline}/{computation} ({other.tool} by {other.by}, "
+                                 f"intervals {list(other.intervals)}); wait for it to finish and run this one again")
         commits = computation_commits(spark, store, computation)
         todo = behind(commits, int(m["reached"]))
         if todo and not catch_up:
@@ -258,14 +261,6 @@ def _rerun(run: ReplayRun, commits: list[ComputationCommit], say: Callable[[str]
 
 def _no_seed() -> None:
     raise AssertionError("a promotion continues a replay: it never seeds one")
-
-
-def _refuse_other_tool(client: Any, *, pipeline: str, computation: str) -> None:
-    """Raise LeaseHeldError at once while another tool's hand-over request is open."""
-    other = read_handover(client, pipeline, computation)
-    if other is not None:
-        raise LeaseHeldError(f"another tool is changing {pipeline}/{computation} ({other.tool} by {other.by}, "
-                             f"intervals {list(other.intervals)}); wait for it to finish and run this one again")
 
 
 def _not_caught_up(into: StoreLayout, n: int) -> str:

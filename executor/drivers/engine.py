@@ -25,9 +25,8 @@ from ..protocol.host import BatchInputs
 from ..protocol.reports import BatchReport
 from ..sources.injector import Injector, publish_watermark
 from .continuous import ContinuousRun
-from .inputs import event_bounds, query_of
+from .inputs import StageInput, event_bounds, query_of
 from .pipeline import Pipeline, RunSummary
-from .querystart import clear_unstarted
 from .runner import PipelineRunner
 from .triggers import Trigger
 from .wiring import injector_hook, migrate_store, open_client, wire
@@ -170,8 +169,7 @@ class Engine:
                 failed.append(exc)
                 raise
 
-        clear_unstarted(chk)  # a first write a stop cut short would block every start
-        writer = df.writeStream.foreachBatch(batch).option("checkpointLocation", chk).queryName(name)
+        writer = StageInput(df, ()).writer(batch, checkpoint=chk, name=name)
         writer = writer.trigger(availableNow=True) if available_now else when.apply(writer)
         query = writer.start()
         self._queries.append((query, ex, failed))  # failed: the batches' typed errors, for run()

@@ -63,10 +63,8 @@ class PromotePlan:
                  f"  would take the leases of intervals {list(self.change.intervals)}, write "
                  f"{len(self.change.upserted)} keys and delete {len(self.change.deleted)} (against the replay as it "
                  "is now), in one fenced commit recorded in the audit table"]
-        for r in self.change.upserted[:_SHOWN]:
-            lines.append(f"  write  {r.key!r} (interval {r.interval})")
-        for iv, k in self.change.deleted[:_SHOWN]:
-            lines.append(f"  delete {k!r} (interval {iv})")
+        lines += [f"  write  {r.key!r} (interval {r.interval})" for r in self.change.upserted[:_SHOWN]]
+        lines += [f"  delete {k!r} (interval {iv})" for iv, k in self.change.deleted[:_SHOWN]]
         more = max(0, len(self.change.upserted) - _SHOWN) + max(0, len(self.change.deleted) - _SHOWN)
         if more:
             lines.append(f"  ... and {more} more keys: deltawheel diff --store {self.store} --store {self.into} "

@@ -113,9 +113,8 @@ class ReplayPlan:
                          + (f", over intervals {list(h)} (those its instance held)" if len(sets) > 1 else ""))
             if c.files:
                 lines.append(f"    reads {_some(c.files)}")
-            for ivs, files in skipped:
-                lines.append(f"    skips the records of intervals {list(ivs)} in {_some(files)}: earlier commits "
-                             "processed them for those intervals (the live batch skipped them too)")
+            lines += [f"    skips the records of intervals {list(ivs)} in {_some(files)}: earlier commits processed "
+                      "them for those intervals (the live batch skipped them too)" for ivs, files in skipped]
         return "\n".join(lines)
 
 

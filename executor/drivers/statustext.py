@@ -57,8 +57,7 @@ def render(st: StoreStatus, *, batches: int = 3) -> str:
             owners.setdefault(str(r["owner"]), []).append(f"{r['interval']} (seq {r['sequencer']})")
         if ivs:
             lines.append(f"  intervals  {len(ivs)}, {len(held)} held" + ("" if held else " (no instance is running)"))
-            for who, what in sorted(owners.items()):
-                lines.append(f"    {who}: " + ", ".join(what))
+            lines += [f"    {who}: " + ", ".join(what) for who, what in sorted(owners.items())]
         lines.append(f"  input watermark   {_ts(st.input_watermark(pipeline, comp), st.now_ms)}")
         lines.append(f"  output watermark  {_ts(st.output_watermark(pipeline, comp), st.now_ms)}")
         rows = [r for r in st.batches if r["computation"] == comp and (r["pipeline"] or "-") == pipeline]

@@ -63,10 +63,9 @@ def drain(run: Drainable) -> RunSummary:
     run.stop(timeout_s=STOP_WAIT_S)
     log = run.progress or (lambda _line: None)
     log(f"{name}: draining: every source read to its end, watermarks to the end of time ...")
-    runner = PipelineRunner(run.spark, run.layout, run.pipeline, zk=run.zk, wait_s=run.wait_s, progress=log,
-                            write_path=run.write_path, direct_read=run.direct_read, wiring=run.wiring,
-                            end_of_input=True)
-    summary = runner.run()
+    summary = PipelineRunner(run.spark, run.layout, run.pipeline, zk=run.zk, wait_s=run.wait_s, progress=log,
+                             write_path=run.write_path, direct_read=run.direct_read, wiring=run.wiring,
+                             end_of_input=True).run()
     log(f"{name}: drained in {time.monotonic() - t0:.1f}s: every source read, every timer fired, every "
         "production delivered; leases given back")
     return summary

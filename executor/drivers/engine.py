@@ -152,10 +152,7 @@ class Engine:
         default, name = query_of(self.layout, self.pipeline, computation.name)
         chk = checkpoint or default
         ups = _listed(upstream)
-        if isinstance(source, Injector):
-            df, ups = source.stream_df(self.spark), [source, *ups]
-        else:
-            df = source
+        df, ups = (source.stream_df(self.spark), [source, *ups]) if isinstance(source, Injector) else (source, ups)
         ex = self.executor(computation, upstream=ups, checkpoint=chk, **options)
         direct = getattr(source, "direct_source", None)  # the tasks read a Parquet injector's files themselves
         if callable(direct) and list(computation.inputs.values()) == [RECORD_KEY]:
@@ -207,11 +204,10 @@ class Engine:
             raise ConfigError("run_pipeline: trigger, triggers and seconds are for continuous=True (a bounded run "
                               "reads what is there now with availableNow queries)")
         lines = self._prepare(pipeline, options)
-        runner = PipelineRunner(self.spark, self.layout, pipeline, zk=self.zk, owner=self.owner,
-                                wait_s=self.wait_s if wait_s is None else wait_s,
-                                progress=lines if lines is not None else (lambda _line: None),
-                                wiring=self.wiring, **options)
-        return runner.run()
+        return PipelineRunner(self.spark, self.layout, pipeline, zk=self.zk, owner=self.owner,
+                              wait_s=self.wait_s if wait_s is None else wait_s,
+                              progress=lines if lines is not None else (lambda _line: None),
+                              wiring=self.wiring, **options).run()
 
     def start_pipeline(self, pipeline: Pipeline, *, trigger: str | float | Trigger | None = None,
                        triggers: Mapping[str, Any] | None = None, computations: Sequence[str] | None = None,

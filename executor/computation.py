@@ -1,24 +1,7 @@
-"""The user API: a :class:`Computation` with ``process_record`` and ``process_timer``.
-
-The framework calls them per key, serialized: records in event-time order, then due timers in
-timestamp order. What they change through the :class:`~deltawheel.executor.context.Context`
-commits atomically with the record ids they consumed.
-
-Example::
-
-    class Counter(Computation):
-        name = "counter"
-        inputs = {"queries": "query"}          # stream -> key field (or a callable)
-        outputs = ("counts",)
-
-        def process_record(self, ctx, record):
-            ctx.state = (ctx.state or 0) + 1
-            ctx.set_timer("flush", record.timestamp_ms + 60_000)
-
-        def process_timer(self, ctx, timer):
-            ctx.produce("counts", {"query": ctx.key, "n": ctx.state})
-            ctx.state = None                    # forget the key
-"""
+"""The user API: a :class:`Computation` with ``process_record`` and ``process_timer``, called per key,
+serialized: records in event-time order, then due timers in timestamp order. What they change through
+the :class:`~deltawheel.executor.context.Context` commits atomically with the record ids they
+consumed. docs/embedding.md."""
 
 from __future__ import annotations
 

@@ -95,7 +95,8 @@ class _DeltaRows(_MemoryRows):
 
 
 class ComputationTester:
-    """Run a computation key by key, without Spark (or with a Delta store: ``spark=``).
+    """Run a computation key by key, without Spark, or with ``spark`` in a Delta store (``store``, default
+    a new temporary folder); ``now_ms``: the processing clock's start.
 
     >>> from deltawheel import Computation
     >>> class Count(Computation):
@@ -113,11 +114,6 @@ class ComputationTester:
     >>> t.advance_watermark(61_000)
     >>> [(o.key, o.value) for o in t.output("totals")], t.state("ann")
     ([('ann', 2)], None)
-
-    Args:
-        spark: a Spark session with Delta: keep the rows in a Delta store instead of memory.
-        store: that store's folder (default: a new temporary one).
-        now_ms: the processing clock's start.
     """
 
     def __init__(self, computation: Computation, *, spark: Any = None, store: str | None = None,
@@ -146,10 +142,8 @@ class ComputationTester:
     def add(self, value: Any, *, event_time_ms: int, stream: str | None = None, key: str | None = None,
             record_id: str | None = None) -> None:
         """Run one record now, then its key's due timers. ``key`` defaults to the stream's key extractor
-        on ``value`` (no usable key: a dead letter); a repeated ``record_id`` is a duplicate.
-
-        Raises:
-            WindowingError: the stream is not an input, or is keyed by ``RECORD_KEY`` without ``key``."""
+        on ``value`` (no usable key: a dead letter); a repeated ``record_id`` is a duplicate. Raises
+        WindowingError: the stream is not an input, or is keyed by ``RECORD_KEY`` without ``key``."""
         comp = self.computation
         inputs = dict(type(comp).inputs)
         if stream is None:
@@ -230,10 +224,8 @@ class ComputationTester:
         return got
 
     def with_computation(self, computation: Computation) -> ComputationTester:
-        """A tester of ``computation`` (e.g. the next version) over this tester's rows and clocks.
-
-        Raises:
-            ConfigError: ``computation`` is invalid, or has another name."""
+        """A tester of ``computation`` (e.g. the next version) over this tester's rows and clocks;
+        ConfigError when ``computation`` is invalid or has another name."""
         from deltawheel.statestore.exceptions import ConfigError
 
         if computation.name != self.computation.name:
@@ -250,9 +242,11 @@ class ComputationTester:
             self._rows.reread()
 
     def _run(self, key: str, records: list[Record]) -> None:
-        out = run_key(self.computation, key=key, interval=interval_of(key, type(self.computation).num_intervals),
+        comp = self.computation  # record ids seen before the horizon no longer count (``dedup_retention``)
+        horizon = self.now_ms - comp.dedup_retention_ms() if comp.exactly_once else None
+        out = run_key(comp, key=key, interval=interval_of(key, type(comp).num_intervals),
                       row=self._rows.load(key), records=records, input_watermark_ms=self.watermark_ms,
-                      now_ms=self.now_ms, dedup_horizon_ms=self._horizon())
+                      now_ms=self.now_ms, dedup_horizon_ms=horizon)
         self.processed += out.processed
         self.duplicates += out.duplicates
         self.late += out.late
@@ -265,11 +259,6 @@ class ComputationTester:
                                         p.production_id))
         row = out.row.with_(pending=()) if out.row is not None else None  # delivered at once
         self._rows.save(key, row)
-
-    def _horizon(self) -> int | None:
-        """Record ids seen before this processing time no longer count (``dedup_retention``)."""
-        comp = self.computation
-        return self.now_ms - comp.dedup_retention_ms() if comp.exactly_once else None
 
     def _fire_due(self) -> None:
         wm, now = self.watermark_ms, self.now_ms

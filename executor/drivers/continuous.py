@@ -1,7 +1,6 @@
-"""Continuous pipelines: one unbounded streaming query per computation, live until stopped.
-
-Invariant: a downstream batch never acts on an upstream low watermark beyond what it read (the
-upstream caps and the hold of :class:`.BatchInputs`). docs/continuous.md; one stage: ``stage.py``."""
+"""Continuous pipelines: one unbounded streaming query per computation, live until stopped. A downstream
+batch never acts on an upstream low watermark beyond what it read (the upstream caps and the hold of
+:class:`.BatchInputs`). docs/continuous.md; one stage: ``stage.py``."""
 
 from __future__ import annotations
 
@@ -44,12 +43,9 @@ class _Stopping(Exception):
 
 class ContinuousRun:
     """A pipeline's computations running unbounded; made (and started) by ``engine.start_pipeline``.
-
-    Args:
-        trigger: every query's trigger (:meth:`Trigger.parse`); ``triggers``: per computation name.
-        computations: those this process runs (default: all).
-        tick_s: how often an idle query's executor looks for due timers.
-        instance: this job instance's name when instances share the intervals (``sharing.py``)."""
+    ``triggers``: per computation name, over ``trigger``; ``computations``: those this process runs
+    (default: all); ``tick_s``: how often an idle query looks for due timers; ``instance``: this job
+    instance's name when instances share the intervals (``sharing.py``)."""
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, wiring: Wiring,
                  trigger: str | float | Trigger | None = None,
@@ -85,8 +81,6 @@ class ContinuousRun:
         self.background_gc = background_gc
         if background_gc is not None and background_gc.progress is None:
             background_gc.progress = self._log
-
-    # ------------------------------------------------------------------ lifecycle
 
     @property
     def queries(self) -> dict[str, Any]:
@@ -156,10 +150,8 @@ class ContinuousRun:
         return True
 
     def run_until_stopped(self, *, seconds: float | None = None, drain: bool = False) -> StopReport:
-        """Block until SIGTERM, Ctrl-C, ``seconds`` or a failure, then :meth:`stop` (or :meth:`drain`).
-
-        Raises:
-            DeltaWheelError: a batch's own typed error (after the run was stopped)."""
+        """Block until SIGTERM, Ctrl-C, ``seconds`` or a failure, then :meth:`stop` (or :meth:`drain`);
+        a batch's own typed DeltaWheelError is raised after the run was stopped."""
         asked = threading.Event()
         old: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
@@ -183,10 +175,8 @@ class ContinuousRun:
 
     def drain(self) -> RunSummary:
         """The input has ended: run every stage to the end of its input (``drain.py``); returns the summary.
-
-        Raises:
-            ConfigError: an instance sharing its intervals, or a run of only some computations.
-            DeltaWheelError: a batch's own typed error."""
+        Raises ConfigError (an instance sharing its intervals, a run of only some computations) or a
+        batch's own typed DeltaWheelError."""
         from .drain import drain
 
         return drain(self)
@@ -220,16 +210,14 @@ class ContinuousRun:
             self._ticker.join()
         if self._sharing is not None:
             self._sharing.leave()  # first: the others' target changes as the leases go back
-        unfinished: list[str] = []
-        stoppers = []
         deadline = time.monotonic() + timeout_s
-        for name, stage in self.stages.items():
-            if stage.query is not None and stage.query.isActive:
-                t = threading.Thread(target=self._stop_query, args=(stage, deadline), name=f"deltawheel-stop-{name}",
-                                     daemon=True)
-                t.start()
-                stoppers.append((name, t))
-        for name, t in stoppers:
+        stoppers = {name: threading.Thread(target=self._stop_query, args=(stage, deadline), daemon=True,
+                                           name=f"deltawheel-stop-{name}")
+                    for name, stage in self.stages.items() if stage.query is not None and stage.query.isActive}
+        for t in stoppers.values():
+            t.start()
+        unfinished = []
+        for name, t in stoppers.items():
             t.join(max(0.0, deadline - time.monotonic()))
             if t.is_alive():
                 unfinished.append(name)
@@ -254,8 +242,6 @@ class ContinuousRun:
         finally:
             if held:
                 stage.lock.release()
-
-    # ---------------------------------------------------------------- one stage
 
     def _start_stage(self, comp: Computation) -> None:
         p, authority = self.pipeline, self.wiring.authority
@@ -335,8 +321,6 @@ class ContinuousRun:
     def _log(self, line: str) -> None:
         if self.progress is not None:
             self.progress(line)
-
-    # ----------------------------------------------------------------- the ticks
 
     def _tick_loop(self) -> None:
         assert self._handover is not None

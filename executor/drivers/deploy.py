@@ -59,13 +59,10 @@ def submit_args(*, object_store: bool = False, archive: str | None = None, deplo
                 zk: str | None = None, zk_chroot: str = "/deltawheel", job: Path | None = None,
                 bundle: Path | None = None, base_url: str | None = None) -> SubmitArgs:
     """The ``spark-submit`` options a deltawheel job needs; jars are fetched or built if missing.
-    Raises ConfigError (a bad deploy mode or cluster set-up) or JarFetchError.
-
-    Args:
-        object_store: tables on ``s3a://``: the S3A jars, the log store arbitrated by ZooKeeper.
-        archive: the packed environment, a path or URL (None: the cluster's Python).
-        job, bundle, base_url: cluster mode on a standalone cluster: files copied into ``bundle``,
-            served at ``base_url``."""
+    ``object_store``: tables on ``s3a://``; ``archive``: the packed environment, a path or URL (None:
+    the cluster's Python); ``job``, ``bundle``, ``base_url``: cluster mode on a standalone cluster,
+    files copied into ``bundle`` and served at ``base_url``. Raises ConfigError (a bad deploy mode or
+    cluster set-up) or JarFetchError."""
     from deltawheel.statestore.jars import ensure_delta_jars
 
     if deploy_mode not in ("client", "cluster"):
@@ -162,14 +159,6 @@ def _run(cmd: list[str], what: str) -> None:
         raise ConfigError(f"{what} failed: {' '.join(cmd)}\n{(done.stdout + done.stderr).strip()[-2000:]}")
 
 
-def source_tree() -> Path | None:
-    """deltawheel's source tree (where ``pyproject.toml`` is) when it runs from one, else None."""
-    import deltawheel
-
-    root = Path(deltawheel.__file__).resolve().parents[1]
-    return root if (root / "pyproject.toml").exists() and (root / "setup.py").exists() else None
-
-
 def _copy_sources(root: Path, dest: Path) -> Path:
     """What the wheel is built from, copied (an in-tree ``build/`` would add files of older builds)."""
     import shutil
@@ -196,7 +185,10 @@ def pack_environment(dest: Path, *, python: str | None = None, wheel: Path | Non
     started = time.monotonic()
     stamp = dest.with_name(dest.name + ".json")
     want = json.dumps({"python": python, "wheel": str(wheel), "extra": list(extra), "keep_pyspark": keep_pyspark})
-    root = source_tree()
+    import deltawheel
+
+    tree = Path(deltawheel.__file__).resolve().parents[1]  # deltawheel's source tree, when it runs from one
+    root = tree if (tree / "pyproject.toml").exists() and (tree / "setup.py").exists() else None
     if wheel is None and root is not None and dest.exists() and stamp.exists() and stamp.read_text() == want:
         newest = max(p.stat().st_mtime for folder in ("deltawheel", "statestore", "executor", "gc", "migrations")
                      for p in (root / folder).rglob("*") if p.suffix in (".py", ".java", ".pyi"))

@@ -43,12 +43,8 @@ class Drainable(Protocol):
 
 def drain(run: Drainable) -> RunSummary:
     """Stop ``run`` and run its pipeline to the end of its input; returns the drain rounds' summary.
-
-    Raises:
-        ConfigError: the run was not started by ``engine.start_pipeline``, shares its intervals, or
-            runs only some of the pipeline's computations.
-        DeltaWheelError: a batch's own typed error.
-    """
+    Raises ConfigError (not started by ``engine.start_pipeline``, sharing its intervals, or running
+    only some computations) or a batch's own typed DeltaWheelError."""
     name = run.pipeline.name
     if run.zk is None:
         raise ConfigError(f"drain: the run of {name} was not started by engine.start_pipeline (it has no ZooKeeper "
@@ -67,10 +63,9 @@ def drain(run: Drainable) -> RunSummary:
     run.stop(timeout_s=STOP_WAIT_S)
     log = run.progress or (lambda _line: None)
     log(f"{name}: draining: every source read to its end, watermarks to the end of time ...")
-    runner = PipelineRunner(run.spark, run.layout, run.pipeline, zk=run.zk, wait_s=run.wait_s, progress=log,
-                            write_path=run.write_path, direct_read=run.direct_read, wiring=run.wiring,
-                            end_of_input=True)
-    summary = runner.run()
+    summary = PipelineRunner(run.spark, run.layout, run.pipeline, zk=run.zk, wait_s=run.wait_s, progress=log,
+                             write_path=run.write_path, direct_read=run.direct_read, wiring=run.wiring,
+                             end_of_input=True).run()
     log(f"{name}: drained in {time.monotonic() - t0:.1f}s: every source read, every timer fired, every "
         "production delivered; leases given back")
     return summary

@@ -25,9 +25,8 @@ from ..protocol.host import BatchInputs
 from ..protocol.reports import BatchReport
 from ..sources.injector import Injector, publish_watermark
 from .continuous import ContinuousRun
-from .inputs import event_bounds, query_of
+from .inputs import StageInput, event_bounds, query_of
 from .pipeline import Pipeline, RunSummary
-from .querystart import clear_unstarted
 from .runner import PipelineRunner
 from .triggers import Trigger
 from .wiring import injector_hook, migrate_store, open_client, wire
@@ -39,26 +38,23 @@ Progress = bool | Callable[[str], None] | None  # True: print the lines; False /
 
 
 def _lines(progress: Progress) -> Callable[[str], None] | None:
-    if progress is True:
-        return functools.partial(print, flush=True)
-    return progress or None
+    return functools.partial(print, flush=True) if progress is True else progress or None
+
+
+def _listed(upstream: Upstream | Sequence[Upstream]) -> list[Upstream]:
+    return [upstream] if isinstance(upstream, (str, Injector)) else list(upstream)
 
 
 def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "default", owner: str | None = None,
             zk_chroot: str = "/deltawheel", zk_digest: str | None = None, wait_s: float = 60.0,
             max_pause_s: float | None = DEFAULT_MAX_PAUSE_S, instance: str | None = None,
             zk_session_timeout_s: float | None = None) -> Engine:
-    """Check ``spark``, reach ZooKeeper, migrate ``store``; returns the :class:`Engine` to close.
-
-    Args:
-        spark: a classic session with Delta and deltawheel's log store.
-        store: a local folder or an ``s3a://`` (or other) URI.
-        zk: ``host:port[,host:port]``; None: a local store's embedded server.
-        pipeline: the name leases, sequencers and watermarks live under.
-        owner: this process's name on its leases (default ``host:pid``).
-        instance: this job's name across restarts: a restart takes its predecessor's leases at once.
-        wait_s: how long an executor's start waits for leases another process holds.
-        max_pause_s: how long a batch pauses while ZooKeeper does not serve (None: while the session lives).
+    """Check ``spark``, reach ZooKeeper, migrate ``store`` (a folder or URI); returns the :class:`Engine`
+    to close. ``zk`` None: a local store's embedded server; ``pipeline``: the name leases and
+    watermarks live under; ``owner``: the name on its leases (default ``host:pid``); ``instance``: this
+    job's name across restarts (a restart takes its predecessor's leases at once); ``wait_s``: how
+    long an executor's start waits for leases held elsewhere; ``max_pause_s``: how long a batch pauses
+    while ZooKeeper does not serve (None: while the session lives).
 
     Raises:
         SparkConnectSessionError: ``spark`` is a Spark Connect session.
@@ -130,7 +126,7 @@ class Engine:
         injectors and/or names such as ``"injector:NAME"``. Raises ConfigError (event-time timers
         without a watermark source, bad options) or LeaseHeldError after ``wait_s``."""
         self._check_open()
-        items = [upstream] if isinstance(upstream, (str, Injector)) else list(upstream)
+        items = _listed(upstream)
         feeding = [u for u in items if not isinstance(u, str)]
         names = sorted({u if isinstance(u, str) else f"injector:{u.name}" for u in items})
         hook = injector_hook(self.authority, feeding, checkpoint=checkpoint) if feeding else None
@@ -155,11 +151,8 @@ class Engine:
                               "is there now and stops; give one or the other")
         default, name = query_of(self.layout, self.pipeline, computation.name)
         chk = checkpoint or default
-        ups = [upstream] if isinstance(upstream, (str, Injector)) else list(upstream)
-        if isinstance(source, Injector):
-            df, ups = source.stream_df(self.spark), [source, *ups]
-        else:
-            df = source
+        ups = _listed(upstream)
+        df, ups = (source.stream_df(self.spark), [source, *ups]) if isinstance(source, Injector) else (source, ups)
         ex = self.executor(computation, upstream=ups, checkpoint=chk, **options)
         direct = getattr(source, "direct_source", None)  # the tasks read a Parquet injector's files themselves
         if callable(direct) and list(computation.inputs.values()) == [RECORD_KEY]:
@@ -173,8 +166,7 @@ class Engine:
                 failed.append(exc)
                 raise
 
-        clear_unstarted(chk)  # a first write a stop cut short would block every start
-        writer = df.writeStream.foreachBatch(batch).option("checkpointLocation", chk).queryName(name)
+        writer = StageInput(df, ()).writer(batch, checkpoint=chk, name=name)
         writer = writer.trigger(availableNow=True) if available_now else when.apply(writer)
         query = writer.start()
         self._queries.append((query, ex, failed))  # failed: the batches' typed errors, for run()
@@ -183,9 +175,7 @@ class Engine:
     def run(self, source: Any, computation: Computation, *, checkpoint: str | None = None,
             upstream: Upstream | Sequence[Upstream] = (), **options: Any) -> list[BatchReport]:
         """Run ``computation`` over everything ``source`` holds now, to its end; returns the batch reports.
-
-        Raises:
-            DeltaWheelError: the batch's own typed error (not Spark's wrapper of it)."""
+        Raises the batch's own typed DeltaWheelError (not Spark's wrapper of it)."""
         self.start(source, computation, checkpoint=checkpoint, available_now=True, upstream=upstream, **options)
         query, ex, failed = self._queries[-1]
         try:
@@ -214,11 +204,10 @@ class Engine:
             raise ConfigError("run_pipeline: trigger, triggers and seconds are for continuous=True (a bounded run "
                               "reads what is there now with availableNow queries)")
         lines = self._prepare(pipeline, options)
-        runner = PipelineRunner(self.spark, self.layout, pipeline, zk=self.zk, owner=self.owner,
-                                wait_s=self.wait_s if wait_s is None else wait_s,
-                                progress=lines if lines is not None else (lambda _line: None),
-                                wiring=self.wiring, **options)
-        return runner.run()
+        return PipelineRunner(self.spark, self.layout, pipeline, zk=self.zk, owner=self.owner,
+                              wait_s=self.wait_s if wait_s is None else wait_s,
+                              progress=lines if lines is not None else (lambda _line: None),
+                              wiring=self.wiring, **options).run()
 
     def start_pipeline(self, pipeline: Pipeline, *, trigger: str | float | Trigger | None = None,
                        triggers: Mapping[str, Any] | None = None, computations: Sequence[str] | None = None,

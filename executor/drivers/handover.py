@@ -54,10 +54,8 @@ def hand_over(ex: ComputationExecutor | None, client: Any, pipeline: str, comput
               log: Callable[[str], None], retake: Callable[[], ComputationExecutor | None] | None = None
               ) -> ComputationExecutor | None:
     """Between batches: give the leases a tool asked for back, ``wait`` (at most its argument, in
-    seconds) until its request goes, retake them; returns the executor to go on with.
-
-    ``retake``: how to take them again (another instance may have taken some meanwhile); without it
-    the same executor retakes all, waiting up to ``wait_s``."""
+    seconds) until its request goes, retake them; returns the executor to go on with. ``retake``: how
+    to take them again (another instance may have taken some); None: ``ex`` retakes all within ``wait_s``."""
     if ex is None:
         return None  # an instance holding none of this computation's intervals: nothing to hand over
     asked = read_handover(client, pipeline, computation)

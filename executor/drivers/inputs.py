@@ -1,5 +1,4 @@
-"""A stage's input for both runners: one streaming DataFrame tagged with a ``stream`` column, its query
-and what its executor is handed."""
+"""A stage's input for both runners: a streaming DataFrame tagged with ``stream``, its query, its executor's."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ class StageInput:
         return [(inj, inj.stats_of(batch_df.where(F.col("stream") == inj.name))) for inj in self.per_partition]
 
     def writer(self, batch: Callable[[Any, int], None], *, checkpoint: str, name: str) -> Any:
-        """The query's writer: ``batch`` per micro-batch, on ``checkpoint`` (a first write a stop cut
-        short cleared: it would block every start)."""
+        """The query's writer: ``batch`` per micro-batch, on ``checkpoint`` (an unfinished first write cleared)."""
         clear_unstarted(checkpoint)
         return self.df.writeStream.foreachBatch(batch).option("checkpointLocation", checkpoint).queryName(name)
 

@@ -25,10 +25,6 @@ class Pipeline:
     injectors: tuple[Injector, ...]
     computations: tuple[Computation, ...]
 
-    def producers(self, stream: str) -> list[str]:
-        """The names of the computations that write ``stream``."""
-        return [c.name for c in self.computations if stream in c.outputs]
-
     def upstream(self, comp: Computation) -> list[str]:
         """The sources feeding ``comp``, sorted: ``injector:<name>``, ``computation:<name>``."""
         names = {i.name for i in self.injectors}
@@ -37,7 +33,7 @@ class Pipeline:
             if s in names:
                 out.append(f"injector:{s}")
             else:
-                prods = self.producers(s)
+                prods = [c.name for c in self.computations if s in c.outputs]
                 if not prods:
                     raise ConfigError(f"{comp.name} reads stream {s!r}, which no injector or computation produces")
                 out += [f"computation:{p}" for p in prods]
@@ -109,10 +105,8 @@ class StopReport:
 
 
 def load_pipeline(target: str) -> Any:
-    """The ``Pipeline`` that ``MODULE:NAME`` (a module or a ``.py`` file) names, or a function returns.
-
-    Raises:
-        ConfigError: no ``:``, a module that cannot be imported, no such name, or not a Pipeline."""
+    """The ``Pipeline`` that ``MODULE:NAME`` (a module or a ``.py`` file) names, or a function returns;
+    ConfigError for no ``:``, a module that cannot be imported, no such name, or not a Pipeline."""
     module_name, sep, name = target.partition(":")
     if not sep or not module_name or not name:
         raise ConfigError(f"run {target!r}: expected MODULE:PIPELINE, e.g. myjob:pipeline (a Pipeline, or a function "

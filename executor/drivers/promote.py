@@ -63,10 +63,8 @@ class PromotePlan:
                  f"  would take the leases of intervals {list(self.change.intervals)}, write "
                  f"{len(self.change.upserted)} keys and delete {len(self.change.deleted)} (against the replay as it "
                  "is now), in one fenced commit recorded in the audit table"]
-        for r in self.change.upserted[:_SHOWN]:
-            lines.append(f"  write  {r.key!r} (interval {r.interval})")
-        for iv, k in self.change.deleted[:_SHOWN]:
-            lines.append(f"  delete {k!r} (interval {iv})")
+        lines += [f"  write  {r.key!r} (interval {r.interval})" for r in self.change.upserted[:_SHOWN]]
+        lines += [f"  delete {k!r} (interval {iv})" for iv, k in self.change.deleted[:_SHOWN]]
         more = max(0, len(self.change.upserted) - _SHOWN) + max(0, len(self.change.deleted) - _SHOWN)
         if more:
             lines.append(f"  ... and {more} more keys: deltawheel diff --store {self.store} --store {self.into} "
@@ -151,7 +149,10 @@ def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, p
         if no_wait:
             refuse_live_owners(client, pipeline=pipeline, computation=computation,
                                intervals=range(num) if ivs is None else ivs)
-        _refuse_other_tool(client, pipeline=pipeline, computation=computation)
+        other = read_handover(client, pipeline, computation)  # refused at once while another tool works
+        if other is not None:
+            raise LeaseHeldError(f"another tool is changing {pipeline}/{computation} ({other.tool} by {other.by}, "
+                                 f"intervals {list(other.intervals)}); wait for it to finish and run this one again")
         commits = computation_commits(spark, store, computation)
         todo = behind(commits, int(m["reached"]))
         if todo and not catch_up:
@@ -258,14 +259,6 @@ def _rerun(run: ReplayRun, commits: list[ComputationCommit], say: Callable[[str]
 
 def _no_seed() -> None:
     raise AssertionError("a promotion continues a replay: it never seeds one")
-
-
-def _refuse_other_tool(client: Any, *, pipeline: str, computation: str) -> None:
-    """Raise LeaseHeldError at once while another tool's hand-over request is open."""
-    other = read_handover(client, pipeline, computation)
-    if other is not None:
-        raise LeaseHeldError(f"another tool is changing {pipeline}/{computation} ({other.tool} by {other.by}, "
-                             f"intervals {list(other.intervals)}); wait for it to finish and run this one again")
 
 
 def _not_caught_up(into: StoreLayout, n: int) -> str:

@@ -79,9 +79,7 @@ def prove_caught_up(commits: Sequence[ComputationCommit], marker: Mapping[str, A
 
 
 def _what(c: ComputationCommit) -> str:
-    if c.batch_id is None:
-        return f"kind {c.kind}"
-    return f"batch {c.batch_id}" + ("" if c.files else ", without input")
+    return f"kind {c.kind}" if c.batch_id is None else f"batch {c.batch_id}" + ("" if c.files else ", without input")
 
 
 def behind(commits: Sequence[ComputationCommit], reached: int) -> list[ComputationCommit]:

@@ -1,5 +1,4 @@
-"""A query's checkpoint before it starts (an unfinished first write cleared, the batch Spark replays)
-and what its progress read."""
+"""A query's checkpoint before it starts (an unfinished first write, the batch Spark replays), its progress."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ _LOGS = ("offsets", "commits")
 
 
 def _entries(folder: str) -> list[str]:
-    """The names in ``folder`` ([]: it cannot be listed)."""
     try:
         return os.listdir(folder)
     except OSError:
@@ -45,8 +43,7 @@ def clear_unstarted(checkpoint: str) -> list[str]:
 
 
 def delta_end_version(query: Any, path: str) -> int | None:
-    """The ``reservoirVersion`` of the Delta source of ``path`` in ``query``'s last progress: every
-    version before it was read."""
+    """The ``reservoirVersion`` (every version before it was read) of ``path``'s source in the last progress."""
     progress = query.lastProgress  # None before the first batch: no sources
     sources = getattr(progress, "sources", None)
     if sources is None:

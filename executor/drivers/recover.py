@@ -8,11 +8,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.ownership.owner import IntervalOwner
+from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.writepath.streams import list_streams
 from deltawheel.statestore.zk.lease_tools import list_leases
+from deltawheel.statestore.zk.leases import LeaseManager
 
 from ..computation import RECORD_KEY, Computation
-from .wiring import executor_of, recovery_owner
+from ..protocol.executor import ComputationExecutor
 
 __all__ = ["IntervalStatus", "RecoverResult", "computations_of", "scan", "recover"]
 
@@ -114,8 +117,10 @@ def recover(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, comp
             progress(line)
 
     comp = _stand_in(computation, num_intervals, list_streams(spark, layout))
-    owner = recovery_owner(spark, layout, client, pipeline=pipeline, writer=writer, computation=comp)
-    ex = executor_of(spark, layout, comp, owner=owner, progress=note)
+    # leases with the open ACL, rows written as ``writer``
+    owner = IntervalOwner(RowStore(spark, layout, writer=writer), LeaseManager(client, pipeline=pipeline, owner=writer),
+                          comp.name, num_intervals=num_intervals)
+    ex = ComputationExecutor(spark, layout, comp, owner=owner, authority=None, progress=note)
     ex.start(wait_s=wait_s)
     try:
         seqs = dict(owner.sequencers)

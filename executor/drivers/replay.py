@@ -113,9 +113,8 @@ class ReplayPlan:
                          + (f", over intervals {list(h)} (those its instance held)" if len(sets) > 1 else ""))
             if c.files:
                 lines.append(f"    reads {_some(c.files)}")
-            for ivs, files in skipped:
-                lines.append(f"    skips the records of intervals {list(ivs)} in {_some(files)}: earlier commits "
-                             "processed them for those intervals (the live batch skipped them too)")
+            lines += [f"    skips the records of intervals {list(ivs)} in {_some(files)}: earlier commits processed "
+                      "them for those intervals (the live batch skipped them too)" for ivs, files in skipped]
         return "\n".join(lines)
 
 
@@ -329,9 +328,8 @@ def _seed(spark: Any, store: StoreLayout, into: StoreLayout, plan: ReplayPlan, c
     rows = rows.where((F.col("computation") == plan.computation) & (F.col("key") != FENCE_KEY))
     if plan.intervals is not None:
         rows = rows.where(F.col("interval").isin(list(plan.intervals)))
-    rows = rows \
-        .withColumn("sequencer", F.lit(0).cast("long")) \
-        .withColumn("pending", F.expr("filter(pending, p -> false)"))  # the live store delivers those
+    rows = rows.withColumn("sequencer", F.lit(0).cast("long")).withColumn(
+        "pending", F.expr("filter(pending, p -> false)"))  # the live store delivers those
     target_cols = spark.read.format("delta").load(into.rows).columns
     (rows.select(*target_cols).write.format("delta").mode("append")
      .option("userMetadata", json.dumps(meta, sort_keys=True)).save(into.rows))
@@ -361,9 +359,7 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
     with run:
         reports = run.run(plan.batches, commits)
         run.finish(plan.to_version)
-    result_diff = None
-    if diff:
-        result_diff = replay_diff(spark, store, into, computation=plan.computation, from_version=plan.from_version,
-                                  to_version=plan.to_version, num_intervals=type(code).num_intervals,
-                                  streams=code.outputs, intervals=plan.intervals, keys=plan.keys, commits=commits)
-    return ReplayResult(plan=plan, reports=tuple(reports), diff=result_diff)
+    return ReplayResult(plan=plan, reports=tuple(reports), diff=replay_diff(
+        spark, store, into, computation=plan.computation, from_version=plan.from_version, to_version=plan.to_version,
+        num_intervals=type(code).num_intervals, streams=code.outputs, intervals=plan.intervals, keys=plan.keys,
+        commits=commits) if diff else None)

@@ -95,7 +95,6 @@ class ReplayRun:
                                                        "zk_digest": zk.digest}
         self.engine = connect(self.spark, store=self.into.root, pipeline=plan.pipeline, **where)
         self.engine.progress = self._lines if self._lines is not None else True  # its executors' lines
-        self.engine.__enter__()
         try:
             if plan.resume_after is None:
                 if plan.from_version is not None:

@@ -40,11 +40,9 @@ __all__ = ["PipelineRunner"]
 
 
 class PipelineRunner:
-    """Runs a pipeline's bounded inputs to completion.
-
-    ``max_pause_s``: how long a batch waits while ZooKeeper does not serve before
-    ``LeaseSuspendedError`` (None: until the session expires, then ``LeaseLostError``). ``wiring``: an
-    engine's ZooKeeper objects to run on instead of connecting to ``zk``; left open."""
+    """Runs a pipeline's bounded inputs to completion. ``max_pause_s``: how long a batch waits while
+    ZooKeeper does not serve before ``LeaseSuspendedError`` (None: until the session expires, then
+    ``LeaseLostError``); ``wiring``: an engine's ZooKeeper objects to run on, left open."""
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, zk: ZkConfig,
                  owner: str | None = None, wait_s: float = 60.0, progress: Callable[[str], None] = print,

@@ -62,10 +62,7 @@ class Sharing:
     def start(self, comp: Computation, checkpoint: str, *, wait_s: float,
               caps: Mapping[str, int | None]) -> ComputationExecutor | None:
         """The executor of ``comp`` on this instance's free share of the target (None: none free); a share
-        still held after :data:`LOOK_AGAIN_S` is looked at again.
-
-        Raises:
-            LeaseHeldError: an interval of its share is still held by another owner after ``wait_s``."""
+        still held after :data:`LOOK_AGAIN_S` is looked at again, and after ``wait_s`` LeaseHeldError."""
         deadline = time.monotonic() + wait_s
         while True:
             _, free = self.wanted(comp)
@@ -85,24 +82,19 @@ class Sharing:
 
     def retake(self, comp: Computation, checkpoint: str, *, caps: Mapping[str, int | None]
                ) -> ComputationExecutor | None:
-        """After a tool's hand-over: an executor of ``comp`` on the free intervals of this instance's
-        share now, without waiting for the others (:meth:`rebalance` looks again); None: none free."""
-        _, free = self.wanted(comp)
-        if not free:
-            self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
-            return None
+        """After a tool's hand-over: :meth:`start` without waiting for the others (:meth:`rebalance`
+        looks again); None: none free."""
         try:
-            return self._executor(comp, checkpoint, sorted(free), wait_s=0.0, caps=caps)
+            return self.start(comp, checkpoint, wait_s=0.0, caps=caps)
         except LeaseHeldError as exc:  # taken meanwhile by another instance: the next rebalance looks again
-            self.progress(f"{comp.name}: intervals {sorted(free)} not all free ({exc}); trying again")
+            self.progress(f"{comp.name}: not all intervals of instance {self.instance}'s share free ({exc}); "
+                          "trying again")
             return None
 
     def rebalance(self, comp: Computation, checkpoint: str, ex: ComputationExecutor | None, *,
                   caps: Mapping[str, int | None]) -> tuple[ComputationExecutor | None, bool]:
-        """Between micro-batches: (the executor to go on with, whether it changed).
-
-        Raises:
-            LeaseLostError: a lease of ``ex`` is lost: the run stops with it."""
+        """Between micro-batches: (the executor to go on with, whether it changed); LeaseLostError when
+        a lease of ``ex`` is lost (the run stops with it)."""
         n = type(comp).num_intervals
         try:
             if ex is not None:  # a lost session first: its member znode is gone, the target would give nothing

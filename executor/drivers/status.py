@@ -9,9 +9,9 @@ from typing import Any
 from deltawheel.statestore.inspection.figures import pending_productions, read_columns, state_sizes
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.zk.lease_tools import list_leases
+from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
 from ..protocol.metrics import read_batches
-from .wiring import watermark_reader
 
 __all__ = ["StoreStatus", "gather"]
 
@@ -75,7 +75,7 @@ def gather(layout: StoreLayout, client: Any, *, pipeline: str | None = None, spa
         names = [pipeline] if pipeline else (sorted(client.get_children("/pipelines"))
                                              if client.exists("/pipelines") else [])
         for p in names:
-            authority = watermark_reader(client, pipeline=p)
+            authority = WatermarkAuthority(client, pipeline=p)
             try:
                 st.watermarks[p] = authority.snapshot()
             finally:

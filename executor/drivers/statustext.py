@@ -23,12 +23,9 @@ def _ts(ms: int | None, now_ms: int) -> str:
 
 
 def _dur(s: float) -> str:
-    if s < 120:
-        return f"{s:.1f}s"
-    if s < 7200:
-        return f"{s / 60:.1f}min"
-    if s < 172800:
-        return f"{s / 3600:.1f}h"
+    for below, per, unit in ((120, 1, "s"), (7200, 60, "min"), (172800, 3600, "h")):
+        if s < below:
+            return f"{s / per:.1f}{unit}"
     return f"{s / 86400:.1f}d"
 
 
@@ -36,12 +33,12 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB"):
+        if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n = n / 1024  # type: ignore[assignment]
-    return f"{n} B"
+        n /= 1024
+    return f"{n:.1f} GB"
 
 
 def render(st: StoreStatus, *, batches: int = 3) -> str:
@@ -60,8 +57,7 @@ def render(st: StoreStatus, *, batches: int = 3) -> str:
             owners.setdefault(str(r["owner"]), []).append(f"{r['interval']} (seq {r['sequencer']})")
         if ivs:
             lines.append(f"  intervals  {len(ivs)}, {len(held)} held" + ("" if held else " (no instance is running)"))
-            for who, what in sorted(owners.items()):
-                lines.append(f"    {who}: " + ", ".join(what))
+            lines += [f"    {who}: " + ", ".join(what) for who, what in sorted(owners.items())]
         lines.append(f"  input watermark   {_ts(st.input_watermark(pipeline, comp), st.now_ms)}")
         lines.append(f"  output watermark  {_ts(st.output_watermark(pipeline, comp), st.now_ms)}")
         rows = [r for r in st.batches if r["computation"] == comp and (r["pipeline"] or "-") == pipeline]

@@ -29,9 +29,8 @@ from .pipeline import Pipeline
 if TYPE_CHECKING:
     from deltawheel.migrations import PlannedMigration
 
-__all__ = ["positions_recorder", "shared_positions", "Wiring", "wire", "owner_of", "executor_of",
-           "recovery_owner", "open_client", "open_client_planned", "migrate_store", "injector_hook",
-           "record_held", "watermark_reader"]
+__all__ = ["positions_recorder", "shared_positions", "Wiring", "wire", "open_client", "open_client_planned",
+           "migrate_store", "injector_hook", "record_held"]
 
 
 @dataclass(frozen=True)
@@ -46,13 +45,13 @@ class Wiring:
 
     def owner(self, computation: Computation) -> IntervalOwner:
         """The interval owner of ``computation`` (its leases on this wiring's pipeline)."""
-        return owner_of(self.store, self.leases, computation)
+        return IntervalOwner(self.store, self.leases, computation.name, num_intervals=type(computation).num_intervals)
 
     def executor(self, spark: Any, layout: StoreLayout, computation: Computation, *,
                  owner: IntervalOwner | None = None, **options: Any) -> ComputationExecutor:
         """An executor of ``computation`` (not started) on ``owner`` (default: a new :meth:`owner`)."""
-        return executor_of(spark, layout, computation, owner=self.owner(computation) if owner is None else owner,
-                           authority=self.authority, **options)
+        return ComputationExecutor(spark, layout, computation, owner=self.owner(computation) if owner is None else owner,
+                                   authority=self.authority, **options)
 
     def stage_executor(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, computation: Computation, *,
                        checkpoint: str, instance: str | None = None, caught: Mapping[int, int] | None = None,
@@ -98,27 +97,8 @@ def wire(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, owner: 
     return Wiring(client, leases, authority, RowStore(spark, layout, writer=owner), acls)
 
 
-def owner_of(store: RowStore, leases: LeaseManager, computation: Computation) -> IntervalOwner:
-    """The interval owner of ``computation``: its leases through ``leases``, its rows in ``store``."""
-    return IntervalOwner(store, leases, computation.name, num_intervals=type(computation).num_intervals)
-
-
-def executor_of(spark: Any, layout: StoreLayout, computation: Computation, *, owner: IntervalOwner,
-                authority: WatermarkAuthority | None = None, **options: Any) -> ComputationExecutor:
-    """An executor of ``computation`` on ``owner`` (not started); ``authority`` None: no watermarks."""
-    return ComputationExecutor(spark, layout, computation, owner=owner, authority=authority, **options)
-
-
-def recovery_owner(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, writer: str,
-                   computation: Computation) -> IntervalOwner:
-    """The interval owner :func:`~.recover.recover` uses: leases (open ACL) and rows named ``writer``."""
-    return owner_of(RowStore(spark, layout, writer=writer), LeaseManager(client, pipeline=pipeline, owner=writer),
-                    computation)
-
-
 def open_client(spark: Any, layout: StoreLayout, zk: ZkConfig) -> tuple[Any, Callable[[], None]]:
-    """A started kazoo client of ``zk`` arbitrating an object store's commits, and the release of that
-    arbitration (called after closing the client)."""
+    """A started kazoo client of ``zk`` arbitrating an object store's commits, and the release to call after."""
     release = _arbitrate_commits(spark, layout, zk)
     try:
         return connect(zk), release
@@ -139,10 +119,8 @@ def _arbitrate_commits(spark: Any, layout: StoreLayout, zk: ZkConfig) -> Callabl
 
 def open_client_planned(spark: Any, layout: StoreLayout,
                         zk: ZkConfig) -> tuple[Any, list[PlannedMigration], Callable[[], None]]:
-    """:func:`open_client`, with the store's migrations planned meanwhile (for :func:`migrate_store`).
-
-    Raises:
-        What connecting raises, else what planning raises (the client is closed then)."""
+    """:func:`open_client`, with the store's migrations planned meanwhile (for :func:`migrate_store`);
+    raises what connecting raises, else what planning raises (the client closed)."""
     import deltawheel.migrations as migrations
 
     release = _arbitrate_commits(spark, layout, zk)  # before the plan reads the store
@@ -182,11 +160,8 @@ def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *,
                   instance: str | None = None,
                   held: Callable[[], Mapping[str, Mapping[int, int]]] | None = None,
                   ) -> InjectorHook:
-    """The ``on_batch_end`` hook publishing ``feeding``'s watermarks after each micro-batch.
-
-    Raises:
-        ConfigError: an injector estimates from its pending files (``watermark_percentile``) and no
-            query ``checkpoint`` is given."""
+    """The ``on_batch_end`` hook publishing ``feeding``'s watermarks after each micro-batch; ConfigError
+    when an injector estimates from its pending files (``watermark_percentile``) without a ``checkpoint``."""
     return InjectorHook(authority, feeding, checkpoint=checkpoint, instance=instance, held=held)
 
 
@@ -198,11 +173,6 @@ def record_held(authority: WatermarkAuthority, injectors: Sequence[Injector], *,
     for inj in injectors:
         if inj.name in comp.inputs:
             authority.record_held(inj.name, instance, {comp.name: dict(sequencers)})
-
-
-def watermark_reader(client: Any, *, pipeline: str) -> WatermarkAuthority:
-    """A watermark authority of ``pipeline`` for reading (``deltawheel status``); close it after."""
-    return WatermarkAuthority(client, pipeline=pipeline)
 
 
 def positions_recorder(computation: Computation, injectors: Mapping[str, Injector], *, layout: StoreLayout,

@@ -1,6 +1,5 @@
-"""Input preparation in the JVM, shared by both write paths' jobs (step 2 of a batch).
-
-Only the key UDF is shipped to the workers: it captures plain values, never the session or clients."""
+"""Input preparation in the JVM, shared by both write paths' jobs (step 2 of a batch). Only the key UDF
+is shipped to the workers: it captures plain values, never the session or clients."""
 
 from __future__ import annotations
 
@@ -113,22 +112,22 @@ def original_text(df: Any | None) -> Any | None:
     return df if df is not None and RAW_COLUMN in df.columns else None
 
 
-def original_texts(raw: Any, ids: Iterable[str]) -> dict[str, bytes]:
-    """Record id -> its original text in ``raw``, for ``ids`` (one small Spark job)."""
+def _by_id(df: Any, column: str, ids: Iterable[str]) -> dict[str, Any]:
+    """Record id -> its ``column`` in ``df``, for ``ids`` (one small Spark job)."""
     from pyspark.sql import functions as F
 
-    wanted = sorted(set(ids))
-    return {r["record_id"]: bytes(r[RAW_COLUMN]) for r in raw.where(F.col("record_id").isin(wanted)).select(
-        "record_id", RAW_COLUMN).collect() if r[RAW_COLUMN] is not None}
+    got = df.where(F.col("record_id").isin(sorted(set(ids)))).select("record_id", column).collect()
+    return {r["record_id"]: r[column] for r in got}
+
+
+def original_texts(raw: Any, ids: Iterable[str]) -> dict[str, bytes]:
+    """Record id -> its original text in ``raw``, for ``ids``."""
+    return {k: bytes(v) for k, v in _by_id(raw, RAW_COLUMN, ids).items() if v is not None}
 
 
 def positions_of(prep: Any, ids: Iterable[str]) -> dict[str, Any]:
-    """Record id -> its source position in ``prep``, for ``ids`` (one small Spark job)."""
-    from pyspark.sql import functions as F
-
-    wanted = sorted(set(ids))
-    return {r["record_id"]: r["position"] for r in
-            prep.where(F.col("record_id").isin(wanted)).select("record_id", "position").collect()}
+    """Record id -> its source position in ``prep``, for ``ids``."""
+    return _by_id(prep, "position", ids)
 
 
 def with_original_text(dead: Any, raw: Any) -> Any:

@@ -107,9 +107,10 @@ def task_failure(exc: BaseException, computation: str, batch_id: int | None) -> 
     if found is not None:
         return InputFileError(f"{batch}: {found}")
     for condition, params in java_errors(exc):
+        uri = params.get("path", "?")
+        path = urllib.parse.unquote(local_path(uri) or uri)
         if condition == PARQUET_TYPE_MISMATCH:
-            uri, column = params.get("path", "?"), params.get("column", "?").strip("[]")
-            path = urllib.parse.unquote(local_path(uri) or uri)
+            column = params.get("column", "?").strip("[]")
             expected, found = params.get("expectedType", "?").upper(), params.get("actualType", "?").upper()
             return InputSchemaError(
                 f"{batch}: input file {path} has column {column} as Parquet {found}, "
@@ -117,8 +118,6 @@ def task_failure(exc: BaseException, computation: str, batch_id: int | None) -> 
                 f"not committed. Write the file again with {column} as {expected} under the same name, then run "
                 "the same command again: the batch reads it again")
         if condition.startswith(FAILED_READ_FILE):
-            uri = params.get("path", "?")
-            path = urllib.parse.unquote(local_path(uri) or uri)
             return InputFileError(f"{batch}: input file {path} cannot be read ({_cause(exc)}); {InputFileError.ADVICE}")
     return BatchFailedError(user_error_message(exc, computation, batch_id))
 

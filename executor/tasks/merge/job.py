@@ -65,12 +65,8 @@ class MergeTasks:
 
     def __init__(self, spark: Any, comp: Computation, layout: StoreLayout, path: MergePath, *, partitions: int,
                  event_ahead_ms: Mapping[str, int]) -> None:
-        self.spark = spark
-        self.comp = comp
-        self.layout = layout
-        self.path = path
-        self.partitions = partitions
-        self.event_ahead_ms = event_ahead_ms
+        self.spark, self.comp, self.layout, self.path = spark, comp, layout, path
+        self.partitions, self.event_ahead_ms = partitions, event_ahead_ms
         self._prep_cache: dict[Any, Any] = {}  # input-preparation column expressions (prepare_input)
 
     def prepare(self, df: Any | None, *, wm_late: int | None, now: int, batch_id: int | None = None,

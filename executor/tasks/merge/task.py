@@ -1,6 +1,5 @@
-"""The MERGE path's task function: user code for one key per input row, in ``mapInArrow`` tasks.
-
-It captures only plain values, never the session, the store or ZooKeeper clients."""
+"""The MERGE path's task function: user code for one key per input row, in ``mapInArrow`` tasks; it
+captures only plain values, never the session, the store or ZooKeeper clients."""
 
 from __future__ import annotations
 

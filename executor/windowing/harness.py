@@ -281,10 +281,8 @@ def _lockstep(scs: Sequence[Scenario], backends: Sequence[Backend], shared: Back
 
 
 def _result(r: _Runner) -> dict[str, Any]:
-    panes = sorted(r.panes, key=lambda p: p["key"])  # stable: emission order within a key
-    if r.comp.state_ttl is not None:
-        return {"panes": panes, "dropped": r.dropped, "expired": r.expired}
-    return {"panes": panes, "dropped": r.dropped}
+    out = {"panes": sorted(r.panes, key=lambda p: p["key"]), "dropped": r.dropped}  # stable within a key
+    return out if r.comp.state_ttl is None else {**out, "expired": r.expired}
 
 
 def assert_panes_equal(actual: Mapping[str, Any], expected: Mapping[str, Any]) -> None:

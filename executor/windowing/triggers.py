@@ -303,9 +303,7 @@ class OrFinally(Trigger):
 
 @dataclass(frozen=True)
 class AfterWatermark(Trigger):
-    """Fires ON_TIME when the watermark reaches the window end, with optional repeating early/late firings.
-
-    Children (present ones only, in this order): ``early``, ``late``."""
+    """Fires ON_TIME when the watermark reaches the window end, with optional repeating early/late firings."""
 
     early: Trigger | None = None
     late: Trigger | None = None

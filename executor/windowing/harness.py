@@ -63,9 +63,7 @@ class MemoryBackend:
         """Store ``rows`` and delete the rows of ``deletes`` (keys of any computation)."""
         for row in rows:
             self.rows[(row.computation, row.key)] = row
-        for key in deletes:
-            for ck in [ck for ck in self.rows if ck[1] == key]:
-                del self.rows[ck]
+        self.rows = {ck: row for ck, row in self.rows.items() if ck[1] not in deletes}
 
     def keys(self, computation: str) -> list[str]:
         """Keys of ``computation`` that have a row, sorted."""

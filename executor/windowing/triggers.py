@@ -248,10 +248,7 @@ class AfterEach(_Composite):
     """Runs its subtriggers in sequence: fires when the current one fires; finished after the last."""
 
     def _current(self, tc: TriggerContext, i: int) -> tuple[Trigger, int] | None:
-        for c, j in self._kids(i):
-            if not c.is_finished(tc, j):
-                return c, j
-        return None
+        return next(((c, j) for c, j in self._kids(i) if not c.is_finished(tc, j)), None)
 
     def on_element(self, tc: TriggerContext, i: int) -> None:
         """Pass the element to the current (first unfinished) subtrigger."""

@@ -329,8 +329,7 @@ class BatchProtocol:
         if report.direct:  # the batch's DataFrame never ran: Spark's progress would show 0 input rows
             show_input_rows(ex.spark, report.records_in)
         if not pending:
-            self.log(format_report(ex.comp.name, report, now_ms=ex.clock.now_ms()))
-            self._record_metrics(report, b.now, pending=c.productions if ex.inflight.open is not None else 0)
+            self._logged(report, b.now, c.productions)
         return report
 
     def _landed(self, report: BatchReport, started_ms: int, productions: int, low: int | None) -> None:
@@ -339,16 +338,16 @@ class BatchProtocol:
         report = dataclasses.replace(report, low_watermark_ms=low)
         if ex.reports and ex.reports[-1].batch_id == report.batch_id:  # (no batch runs before the join)
             ex.reports[-1] = report
-        self.log(format_report(ex.comp.name, report, now_ms=ex.clock.now_ms()))
-        self._record_metrics(report, started_ms, pending=productions if ex.inflight.open is not None else 0)
+        self._logged(report, started_ms, productions)
 
-    def _record_metrics(self, report: BatchReport, started_ms: int, *, pending: int) -> None:
-        """Hand the batch's row to the metrics writer (in the background; never fails the batch: ``metrics.py``)."""
+    def _logged(self, report: BatchReport, started_ms: int, productions: int) -> None:
+        """Log the batch's line; hand its row to the metrics writer (in the background, never failing)."""
         ex = self.ex
+        self.log(format_report(ex.comp.name, report, now_ms=ex.clock.now_ms()))
         exporter = active_exporter()  # the process's Prometheus endpoint (``exporter.py``), if started
         if ex.metrics is None and exporter is None:
             return
-        leases = ex.owner.leases
+        leases, pending = ex.owner.leases, productions if ex.inflight.open is not None else 0
         row = batch_row(report, pipeline=getattr(leases, "pipeline", None), computation=ex.comp.name,
                         instance=getattr(leases, "owner", None), write_path=ex.write_path,
                         started_ms=started_ms, pending_productions=pending,

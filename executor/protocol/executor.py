@@ -82,8 +82,8 @@ class ComputationExecutor:
         self.records_in_total = 0
         # one row of figures per committed batch in the store's _metrics/batches (None: off)
         self.metrics: BatchMetrics | None = BatchMetrics(spark, layout)
-        self._shared = shared
-        self._positions = positions
+        self.shared = shared  # the input of instances sharing the intervals (``rescale.py``); None: none
+        self.positions = positions  # records each batch's input positions in its commit (replay); None: none
         self._protocol = BatchProtocol(self)  # the seven steps of each batch (``batch.py``)
         self._started = False
         self._starting: BackgroundStart | None = None  # start_in_background's
@@ -100,16 +100,6 @@ class ComputationExecutor:
     def event_ahead_ms(self) -> Mapping[str, int]:
         """Input stream -> how far (ms) event time may be ahead of the clock."""
         return self.job.event_ahead_ms
-
-    @property
-    def shared(self) -> SharedInput | None:
-        """The input of instances sharing the intervals (``rescale.py``); None: not shared."""
-        return self._shared
-
-    @property
-    def positions(self) -> SharedInput | None:
-        """Records each batch's input positions in its commit (replay); None: none recorded."""
-        return self._positions
 
     def start(self, *, wait_s: float = 0.0, streams_ready: bool = True) -> None:
         """Acquire, fence, recover and redeliver; ``streams_ready``: wait for the output tables too."""
@@ -136,17 +126,18 @@ class ComputationExecutor:
         if declaring is not None:
             declaring.result()
         self._protocol.opened()
+        log, name = self._protocol.log, self.comp.name
         if rec.appended:
-            self._log(f"{self.comp.name}: recovery delivered {rec.appended} checkpointed productions of the last "
-                      "commit (its delivery had not landed)")
+            log(f"{name}: recovery delivered {rec.appended} checkpointed productions of the last commit (its "
+                "delivery had not landed)")
         if rec.merged:
-            self._log(f"{self.comp.name}: recovery redelivered {rec.merged} checkpointed productions "
-                      "(records already in their streams are skipped)")
+            log(f"{name}: recovery redelivered {rec.merged} checkpointed productions (records already in "
+                "their streams are skipped)")
         self.recovered = {"appended": rec.appended, "merged": rec.merged}
         self.start_s = {"acquire_fence_recover": round(t_acq - t_start, 3),
                         "total": round(time.monotonic() - t_start, 3)}
-        self._log(f"{self.comp.name}: started in {self.start_s['total']:.1f}s (leases, fence and recovery scan "
-                  f"{self.start_s['acquire_fence_recover']:.1f}s); write path {self.write_path_reason}")
+        log(f"{name}: started in {self.start_s['total']:.1f}s (leases, fence and recovery scan "
+            f"{self.start_s['acquire_fence_recover']:.1f}s); write path {self.write_path_reason}")
         if self.write_path == "merge" and self.write_path_reason.startswith("auto"):
             _LOG.warning("%s: write path %s", self.comp.name, self.write_path_reason)
         self._started = True
@@ -197,7 +188,7 @@ class ComputationExecutor:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         """The ``foreachBatch`` entry point: :meth:`run_batch` with step 7 in the background."""
-        self._run(df, batch_id, background=True)
+        self.run_batch(df, batch_id, background=True)
 
     def input_watermark(self) -> int | None:
         """min over upstream low watermarks (None until all are known), capped by the inputs' ``upstream_caps``."""
@@ -205,10 +196,21 @@ class ComputationExecutor:
 
     def run_batch(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None = None,
                   use_authority: bool = True, input_files: Sequence[str] | None = None,
-                  late_watermark_ms: int | None = None) -> BatchReport:
-        """Run DESIGN's seven steps on one micro-batch (``df`` None: timers only), starting if needed."""
-        return self._run(df, batch_id, input_watermark_ms=input_watermark_ms, use_authority=use_authority,
-                         input_files=input_files, late_watermark_ms=late_watermark_ms)
+                  background: bool = False, late_watermark_ms: int | None = None) -> BatchReport:
+        """Run DESIGN's seven steps on one micro-batch (``df`` None: timers only), starting if needed;
+        ``background``: step 7 in the background (joined before the next batch reads a watermark)."""
+        sc = self.spark.sparkContext
+        before = sc.getLocalProperty(JOB_DESCRIPTION)
+        sc.setLocalProperty(JOB_DESCRIPTION, f"deltawheel {self.comp.name} batch {batch_id}")
+        try:
+            self.wait_started()
+            if not self._started:
+                self.start()
+            return self._protocol.run(df, batch_id, input_watermark_ms=input_watermark_ms,
+                                      use_authority=use_authority, input_files=input_files, background=background,
+                                      late_watermark_ms=late_watermark_ms)
+        finally:
+            sc.setLocalProperty(JOB_DESCRIPTION, before)  # None removes it: the caller's jobs are not ours
 
     def catch_up(self, df: Any, batch_id: int, *, input_files: Sequence[str]) -> BatchReport:
         """A catch-up batch of intervals taken over: lateness judged per interval
@@ -223,22 +225,6 @@ class ComputationExecutor:
                                   late_watermark_ms=protocol.catch_up_lateness())
         finally:
             protocol.acted, self.inputs = before, given
-
-    def _run(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None = None,
-             use_authority: bool = True, input_files: Sequence[str] | None = None,
-             background: bool = False, late_watermark_ms: int | None = None) -> BatchReport:
-        sc = self.spark.sparkContext
-        before = sc.getLocalProperty(JOB_DESCRIPTION)
-        sc.setLocalProperty(JOB_DESCRIPTION, f"deltawheel {self.comp.name} batch {batch_id}")
-        try:
-            self.wait_started()
-            if not self._started:
-                self.start()
-            return self._protocol.run(df, batch_id, input_watermark_ms=input_watermark_ms,
-                                      use_authority=use_authority, input_files=input_files, background=background,
-                                      late_watermark_ms=late_watermark_ms)
-        finally:
-            sc.setLocalProperty(JOB_DESCRIPTION, before)  # None removes it: the caller's jobs are not ours
 
     def report(self, batch_id: int) -> BatchReport | None:
         """The report of batch ``batch_id``; None when not kept (the newest :data:`REPORTS_KEPT` are)."""
@@ -266,6 +252,3 @@ class ComputationExecutor:
         if self.authority is not None:
             self._protocol.watermarks.settled(st.batch_id)
         return True
-
-    def _log(self, line: str) -> None:
-        self._protocol.log(line)

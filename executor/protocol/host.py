@@ -64,14 +64,8 @@ class BatchHost(Protocol):
     write_path: str
     path: WritePath[Any]
     job: UserJob[Any]
-
-    @property
-    def shared(self) -> SharedInput | None:
-        """The input of instances sharing the intervals; None: not shared."""
-
-    @property
-    def positions(self) -> SharedInput | None:
-        """Records each batch's input positions in its commit; None: none recorded."""
+    shared: SharedInput | None  # the input of instances sharing the intervals; None: not shared
+    positions: SharedInput | None  # records each batch's input positions in its commit; None: none
 
     def settle(self) -> bool:
         """Wait for the last delivery in flight and publish its watermark; whether there was one."""

@@ -55,10 +55,9 @@ class InFlight:
             except BaseException as exc:
                 box["error"] = exc
 
-        st = OpenDelivery(batch_id=batch_id,
-                          thread=threading.Thread(target=run, name=f"deltawheel-weak-{self.computation}-{batch_id}",
-                                                     daemon=True),
-                          box=box)
+        name = f"deltawheel-weak-{self.computation}-{batch_id}"
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        st = OpenDelivery(batch_id=batch_id, thread=thread, box=box)
         st.thread.start()
         st.thread.join(max(0.0, float(self.comp.straggler_timeout_s)))
         if st.thread.is_alive():
@@ -97,10 +96,10 @@ class InFlight:
                     self._log(f"{self.computation}: publishing the low watermark after batch {batch_id}'s "
                               f"delivery failed ({type(exc).__name__}: {exc}); the next batch retries")
 
-        st = OpenDelivery(batch_id=batch_id,
-                          thread=threading.Thread(target=run, name=f"deltawheel-deliver-{self.computation}-{batch_id}",
-                                                     daemon=True),
-                          box=box, redeliver=deliver, min_ts=min_ts, kind="asynchronous")
+        name = f"deltawheel-deliver-{self.computation}-{batch_id}"
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        st = OpenDelivery(batch_id=batch_id, thread=thread, box=box, redeliver=deliver, min_ts=min_ts,
+                          kind="asynchronous")
         self.open = st
         st.thread.start()
 

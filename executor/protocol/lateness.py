@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from deltawheel.statestore.delta.log import newest_commit_info
 from deltawheel.statestore.delta.storefs import table_files
@@ -78,35 +78,27 @@ def read_mark(spark: Any, rows_path: str, computation: str, intervals: Sequence[
 def newest_marks(spark: Any, rows_path: str, computation: str, intervals: Iterable[int], *,
                  first_only: bool = False) -> list[ActedMark]:
     """Newest first, the marks that are the newest of one of ``intervals`` (``first_only``: one)."""
-    left = set(intervals)
+    owned = set(intervals)
+    left = set(owned)
     found: list[ActedMark] = []
 
-    def take(mark: ActedMark) -> bool:
-        if left & set(mark.intervals):
+    def take(user_metadata: str | None) -> bool:
+        """Take a commit's mark of ``computation`` on ``owned``; True: the scan can stop."""
+        mark = _mark_of(user_metadata, computation, owned)
+        if mark is not None and left & set(mark.intervals):
             found.append(mark)
             left.difference_update(mark.intervals)
-        return first_only or not left
+        return mark is not None and (first_only or not left)
 
-    _scan(spark, rows_path, computation, set(intervals), take)
-    return found
-
-
-def _scan(spark: Any, rows_path: str, computation: str, owned: set[int],
-          take: Callable[[ActedMark], bool]) -> None:
-    """Hand ``take`` the marks of ``computation`` on ``owned``, newest first, until it returns True."""
     files = table_files(spark, rows_path)
     if files is not None:
-        def match(info: dict[str, Any]) -> bool:
-            mark = _mark_of(info.get("userMetadata"), computation, owned)
-            return mark is not None and take(mark)
-
-        newest_commit_info(files, match)
-        return
+        newest_commit_info(files, lambda info: take(info.get("userMetadata")))
+        return found
     hist = spark.sql(f"DESCRIBE HISTORY delta.`{rows_path}`").select("version", "userMetadata")
     for row in hist.where(hist.userMetadata.contains(f'"{_KEY}"')).orderBy(hist.version.desc()).toLocalIterator():
-        mark = _mark_of(row["userMetadata"], computation, owned)
-        if mark is not None and take(mark):
-            return
+        if take(row["userMetadata"]):
+            break
+    return found
 
 
 def recorded_injector_watermarks(spark: Any, rows_path: str,

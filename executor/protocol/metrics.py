@@ -74,6 +74,10 @@ def _arrow_schema() -> Any:
     return pa.schema([pa.field(n, types[t]) for n, t in _columns()])
 
 
+_FROM_REPORT = ("records_in", "processed", "duplicates", "late", "late_routed", "dead_letters",
+                "timers_fired", "productions", "keys_written", "input_watermark_ms", "low_watermark_ms")
+
+
 def batch_row(report: Any, *, pipeline: str | None, computation: str, instance: str | None, write_path: str,
               started_ms: int, pending_productions: int = 0, state: tuple[int | None, int | None] = (None, None),
               recorded_ms: int | None = None) -> dict[str, Any]:
@@ -85,11 +89,7 @@ def batch_row(report: Any, *, pipeline: str | None, computation: str, instance: 
             "batch_id": int(report.batch_id), "started_ms": int(started_ms),
             "recorded_ms": int(time.time() * 1000) if recorded_ms is None else int(recorded_ms),
             "wall_s": round(float(report.wall_s), 3), "commit_s": round(float(report.commit_s), 3), "steps_s": steps,
-            "records_in": report.records_in, "processed": report.processed, "duplicates": report.duplicates,
-            "late": report.late, "late_routed": report.late_routed, "dead_letters": report.dead_letters,
-            "timers_fired": report.timers_fired, "productions": report.productions,
-            "pending_productions": int(pending_productions), "keys_written": report.keys_written,
-            "input_watermark_ms": report.input_watermark_ms, "low_watermark_ms": report.low_watermark_ms,
+            **{c: getattr(report, c) for c in _FROM_REPORT}, "pending_productions": int(pending_productions),
             "state_rows": state[0], "state_bytes": state[1], "format_version": METRICS_FORMAT_VERSION,
             "keys_expired": int(getattr(report, "keys_expired", 0)),
             "image_cache_hit_rate": None if (rate := getattr(report, "image_cache_hit_rate", None)) is None
@@ -162,11 +162,8 @@ class BatchMetrics:
             rows = [self._queue.get()]
             self._now.wait(self.interval_s)  # gather the rows of the interval (flush: no wait)
             self._now.clear()
-            while True:
-                try:
-                    rows.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            while not self._queue.empty():  # (this thread alone takes rows)
+                rows.append(self._queue.get_nowait())
             try:
                 self.append(*rows)
             finally:

@@ -97,13 +97,11 @@ def files_read(checkpoint: str) -> frozenset[str]:
     if "://" in checkpoint and not checkpoint.startswith("file:"):
         raise ConfigError(f"watermark_percentile reads the query checkpoint's file log, which must be local for "
                           f"now; {checkpoint} is not (use watermark_delay_ms alone there)")
-    root = local_folder(checkpoint)
-    srcs = os.path.join(root, "sources")
-    out: set[str] = set()
-    for src in (int(n) for n in (os.listdir(srcs) if os.path.isdir(srcs) else ()) if n.isdigit()):
-        for names in source_log_files(checkpoint, source=src, committed_only=False).values():
-            out.update(names)
-    return frozenset(out)
+    srcs = os.path.join(local_folder(checkpoint), "sources")
+    listed = os.listdir(srcs) if os.path.isdir(srcs) else []
+    return frozenset(name for n in listed if n.isdigit()
+                     for names in source_log_files(checkpoint, source=int(n), committed_only=False).values()
+                     for name in names)
 
 
 def local_folder(uri: str) -> str:

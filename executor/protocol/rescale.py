@@ -6,6 +6,7 @@ docs/rescaling.md, "The hazard, and how a move stays exact"."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -45,11 +46,6 @@ CATCH_UP_BATCH = -1  # the batch id of a catch-up batch (reports, commit ids)
 _POSITION = "_dw_position"
 
 
-def _gives_files(inj: Injector) -> bool:
-    """``inj`` is a Parquet injector, or one that reads through one (``parquet_injector()``)."""
-    return isinstance(inj, ParquetInjector) or callable(getattr(inj, "parquet_injector", None))
-
-
 def _parquet_of(inj: Injector) -> ParquetInjector:
     if isinstance(inj, ParquetInjector):
         return inj
@@ -64,14 +60,7 @@ def shared_input(comp: Computation, injectors: Mapping[str, Injector], *, table_
                  checkpoint: str, files_of: Callable[[str], TableFiles | None] | None = None) -> SharedInput:
     """What the executor of ``comp`` needs when instances share its intervals (ConfigError: no positions)."""
     parquet, tables = _file_inputs(comp, injectors, comp.inputs, table_of=table_of)
-    return SharedInput(comp=comp, parquet=parquet, tables=tables, checkpoint=checkpoint,
-                       num_intervals=type(comp).num_intervals, file_source=_source_index(comp, parquet),
-                       files_of=files_of)
-
-
-def _source_index(comp: Computation, parquet: Mapping[str, Injector]) -> int:
-    """The index of the Parquet injector's source among the query's sources (``comp.inputs`` order)."""
-    return next((i for i, s in enumerate(comp.inputs) if s in parquet), 0)
+    return SharedInput(comp=comp, parquet=parquet, tables=tables, checkpoint=checkpoint, files_of=files_of)
 
 
 def _file_inputs(comp: Computation, injectors: Mapping[str, Injector], streams: Iterable[str], *,
@@ -83,8 +72,8 @@ def _file_inputs(comp: Computation, injectors: Mapping[str, Injector], streams: 
         if stream not in injectors:
             tables[stream] = table_of(stream)
             continue
-        inj = injectors[stream]
-        if not _gives_files(inj):
+        inj = injectors[stream]  # a Parquet injector, or one reading through one (``parquet_injector()``)
+        if not (isinstance(inj, ParquetInjector) or callable(getattr(inj, "parquet_injector", None))):
             raise ConfigError(
                 f"{comp.name}: instances can share a computation's intervals only when its inputs give file "
                 f"positions: Parquet (or generator) injectors and stream tables; {stream!r} is a "
@@ -105,18 +94,13 @@ def kafka_input(comp: Computation, injectors: Mapping[str, Injector], *, checkpo
     if not kafka:
         return None
     rest = [s for s in comp.inputs if s not in kafka]
-    parquet: dict[str, Injector] = {}
-    tables: dict[str, str] = {}
-    if rest:
-        if table_of is None:
-            return None
-        try:
-            parquet, tables = _file_inputs(comp, injectors, rest, table_of=table_of)
-        except ConfigError:
-            return None
-    return SharedInput(comp=comp, parquet=parquet, tables=tables, checkpoint=checkpoint,
-                       num_intervals=type(comp).num_intervals, kafka=kafka,
-                       file_source=_source_index(comp, parquet))
+    if rest and table_of is None:
+        return None
+    try:  # (no other input: no table looked up)
+        parquet, tables = _file_inputs(comp, injectors, rest, table_of=table_of or str)
+    except ConfigError:
+        return None
+    return SharedInput(comp=comp, parquet=parquet, tables=tables, checkpoint=checkpoint, kafka=kafka)
 
 
 @dataclass(kw_only=True)
@@ -127,24 +111,24 @@ class SharedInput:
     parquet: dict[str, Injector]
     tables: dict[str, str]
     checkpoint: str
-    num_intervals: int
     done: dict[int, frozenset[str]] = field(default_factory=dict)
     recorded: frozenset[str] = frozenset()  # the positions in any interval's set (held or not)
     kafka: dict[str, KafkaInjector] = field(default_factory=dict)  # a computation's Kafka injectors (replay only)
     # how a remote checkpoint's or table's files are reached (``storefs.files_resolver``; None: local only)
     files_of: Callable[[str], TableFiles | None] | None = None
     unknown: set[int] = field(default_factory=set)  # batches whose positions could not be read (record())
-    file_source: int = 0  # the Parquet injector's source index in the query (``sources/<i>``)
+    num_intervals: int = field(init=False)
+    file_source: int = field(init=False)  # the Parquet injector's source index in the query (``sources/<i>``)
+
+    def __post_init__(self) -> None:
+        self.num_intervals = type(self.comp).num_intervals
+        self.file_source = next((i for i, s in enumerate(self.comp.inputs) if s in self.parquet), 0)
 
     def _where(self, uri: str) -> Where:
         """A checkpoint or table as the readers take it: a local path, or a remote one's files."""
         if local_path(uri) is not None or self.files_of is None:
             return uri
         return self.files_of(uri) or uri
-
-    def _remote(self) -> TableFiles | None:
-        where = self._where(self.checkpoint)
-        return where if isinstance(where, TableFiles) and not where.is_local else None
 
     def position(self) -> Any:
         """A record's position as a column of the query's frame (``input_file_name()``)."""
@@ -254,8 +238,8 @@ class SharedInput:
         if batch_id < 0 or not self.tables:
             return  # the file source log is enough
         text = json.dumps({"format_version": 1, "positions": sorted(positions)})
-        remote = self._remote()
-        if remote is not None:  # one PUT: the object is replaced whole
+        remote = self._where(self.checkpoint)
+        if isinstance(remote, TableFiles) and not remote.is_local:  # one PUT: the object is replaced whole
             with remote.fs.open_output_stream(remote.path(f"{POSITIONS_DIR}/{batch_id}")) as fh:
                 fh.write(text.encode("utf-8"))
             return
@@ -354,7 +338,4 @@ class SharedInput:
                     "cannot be exact. Run the computation as one instance, or move the interval back to an "
                     "instance whose query is behind those files (docs/rescaling.md)")
             frames.append(spark.read.schema(stream_schema_ddl()).parquet(*paths).withColumn("stream", F.lit(stream)))
-        out = frames[0]
-        for f in frames[1:]:
-            out = out.unionByName(f)
-        return out
+        return functools.reduce(lambda a, b: a.unionByName(b), frames)

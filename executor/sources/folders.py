@@ -68,11 +68,8 @@ def _first_file_footer(folder: str, files: TableFiles | None = None) -> tuple[st
 
 
 def _check_footer(injector: str, file: str, arrow: Any, schema: Any) -> None:
-    """Check every column of ``schema`` is in the file's footer, of the same type where it maps plainly.
-
-    Raises:
-        ConfigError: a column missing from the file, or of another type.
-    """
+    """ConfigError unless every column of ``schema`` is in the file's footer, of the same type where it
+    maps plainly."""
     import pyarrow as pa
 
     in_file = {f.name: f for f in arrow}

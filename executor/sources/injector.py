@@ -107,10 +107,8 @@ class Injector(Protocol):
 
 def publish_watermark(authority: WatermarkAuthority, injector: Injector, *, sequencer: int = 0,
                       instance: str | None = None, held: Mapping[str, Mapping[int, int]] | None = None) -> int | None:
-    """Publish ``injector``'s current estimate; with ``instance``, as that job instance's estimate.
-
-    Returns:
-        The stored watermark (never below an earlier one), or ``None`` while there is no estimate.
+    """Publish ``injector``'s estimate (with ``instance``: as that job instance's); returns the stored
+    watermark (never below an earlier one), None while there is no estimate.
 
     Raises:
         StaleSequencerError: another instance published with a newer sequencer.
@@ -127,11 +125,8 @@ def publish_watermark(authority: WatermarkAuthority, injector: Injector, *, sequ
 
 def _check_common(name: str, max_files_per_trigger: int | None = None, max_bytes_per_trigger: int | None = None,
                   max_event_ahead_ms: int | None = None) -> dict[str, int]:
-    """Check an injector's shared settings; returns the file source's per-trigger option (none or one).
-
-    Raises:
-        ConfigError: an invalid name, a limit below 1, a negative bound, or both limits.
-    """
+    """The file source's per-trigger option (none or one) of an injector's shared settings; ConfigError
+    for an invalid name, a limit below 1, a negative bound, or both limits."""
     validate_name("injector", name)
     limits = {"maxFilesPerTrigger": max_files_per_trigger, "maxBytesPerTrigger": max_bytes_per_trigger}
     for what, n in zip(("max_files_per_trigger", "max_bytes_per_trigger"), limits.values(), strict=True):
@@ -146,7 +141,26 @@ def _check_common(name: str, max_files_per_trigger: int | None = None, max_bytes
     return {k: v for k, v in limits.items() if v is not None}
 
 
-class _MaxSeenInjector:
+class _Estimating:
+    """An injector whose watermark is its ``_estimate``'s."""
+
+    _estimate: Any
+
+    def observe(self, stats: BatchStats) -> None:
+        """Advance the estimate with a consumed batch."""
+        self._estimate.observe(stats)
+
+    def finish(self) -> None:
+        """All input available was consumed: the watermark becomes :data:`END_OF_TIME`."""
+        self._estimate.finish()
+
+    def watermark_ms(self) -> int | None:
+        """The estimate (epoch ms; the class docstring says which); ``None`` while unknown."""
+        watermark: int | None = self._estimate.watermark_ms()
+        return watermark
+
+
+class _MaxSeenInjector(_Estimating):
     """What the table injectors share: their column settings and a :class:`MaxSeenMinusBound` watermark."""
 
     def __init__(self, name: str, *, key_column: str | None, event_time_column: str,
@@ -164,15 +178,3 @@ class _MaxSeenInjector:
         self.max_files_per_trigger = max_files_per_trigger
         self.max_bytes_per_trigger = max_bytes_per_trigger
         self._estimate: MaxSeenMinusBound | PendingPercentile = MaxSeenMinusBound(watermark_delay_ms)
-
-    def observe(self, stats: BatchStats) -> None:
-        """Advance the estimate with a consumed batch."""
-        self._estimate.observe(stats)
-
-    def finish(self) -> None:
-        """All input available was consumed: the watermark becomes :data:`END_OF_TIME`."""
-        self._estimate.finish()
-
-    def watermark_ms(self) -> int | None:
-        """The estimate (epoch ms; the class docstring says which); ``None`` while unknown."""
-        return self._estimate.watermark_ms()

@@ -67,13 +67,9 @@ class JsonLinesInjector(_MaxSeenInjector):
 
     Each file is read whole (it must fit in one task's memory). ``record_id`` is ``record_id_column``
     when given, otherwise ``{name}/{file name}#{line}`` (1-based); ``commit_id`` is
-    ``file={file name}#line={line}``. Other arguments and the watermark: as for ``ParquetInjector``.
-
-    Args:
-        schema: the lines' columns, e.g. ``"card STRING, amount DOUBLE, ts BIGINT"``; None: inferred
-            from the files present at :meth:`stream_df`.
-        event_time_column: a TIMESTAMP field, a BIGINT of epoch milliseconds, or a STRING timestamp.
-        timestamp_format: Spark datetime pattern of a STRING event time (None: ISO 8601).
+    ``file={file name}#line={line}``. ``schema`` None: inferred from the files present at
+    :meth:`stream_df`; ``timestamp_format``: the Spark datetime pattern of a STRING event time (None:
+    ISO 8601). Other arguments and the watermark: as for ``ParquetInjector``.
 
     Raises:
         ConfigError: an invalid name, count, delay or bound, or both per-trigger limits.
@@ -142,14 +138,12 @@ class JsonLinesInjector(_MaxSeenInjector):
         parsed = event_time_of(parsed, self.event_time_column, self.timestamp_format)
         lineno = F.col("_lineno").cast("string")
         position = F.concat(F.lit(f"{self.name}/"), F.col("_file"), F.lit("#"), lineno)
+        record_id, exclude = position, ["_file", "_lineno", "_line", CORRUPT_RECORD]
         if self.record_id_column is not None:
             # none: a dead letter, not a position; a malformed line (a dead letter anyway) keeps its position
             record_id = F.when(F.col(CORRUPT_RECORD).isNotNull(), position).otherwise(
                 record_id_of(self.record_id_column, producer=self.name, columns=schema.fieldNames()))
-        else:
-            record_id = position
-        exclude = ("_file", "_lineno", "_line", CORRUPT_RECORD, *(() if self.record_id_column is None
-                                                         else (self.record_id_column,)))
+            exclude.append(self.record_id_column)
         return to_stream_schema(
             parsed, producer=self.name, key_column=self.key_column, event_time_column=self.event_time_column,
             value_columns=self.value_columns, record_id=record_id,

@@ -14,7 +14,7 @@ from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
 
 from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS, MAX_EVENT_MS, MIN_EVENT_MS
-from .injector import BatchStats, DataFrame, SparkSession, _check_common, publish_watermark
+from .injector import BatchStats, DataFrame, SparkSession, _check_common, _Estimating, publish_watermark
 from .jsonl import CORRUPT_RECORD, event_time_of, json_schema, parse_json
 from .schema import to_stream_schema
 
@@ -111,20 +111,14 @@ def partition_stats(batch_df: DataFrame, *, now_ms: int, max_event_ahead_ms: int
                       partitions=tuple(sorted(maxima.items())))
 
 
-class KafkaInjector:
+class KafkaInjector(_Estimating):
     """A Kafka topic of JSON messages, read with Spark's Kafka source, in the stream schema.
 
     Values are parsed as for :class:`~.jsonl.JsonLinesInjector`; ``record_id`` is
     ``{name}/{topic}/{partition}@{offset}``, ``commit_id`` ``kafka={topic}/{partition}@{offset}``.
-    Feed the executor through :meth:`tracking`, which keeps the per-partition watermark.
-
-    Args:
-        schema: the messages' JSON columns, a DDL string or a StructType (required).
-        key_column: natural key field of the JSON value; ``None``: the Kafka message key.
-        event_time_column: a TIMESTAMP / epoch-ms BIGINT / STRING field; ``None``: the Kafka timestamp.
-        watermark_delay_ms: the disorder bound within a partition (docs/sources.md, "Watermark options").
-        idle_timeout_ms: processing time after which a silent partition is idle (None: never).
-        options: further ``kafka.*`` / source options; other arguments as for ``JsonLinesInjector``.
+    Feed the executor through :meth:`tracking`, which keeps the per-partition watermark. ``schema``
+    is required; ``key_column`` None: the message key; ``event_time_column`` None: the Kafka
+    timestamp; ``options``: further ``kafka.*`` / source options (docs/sources.md, "Kafka").
 
     Raises:
         ConfigError: an invalid name, no schema, a bad delay or timeout, or no topic or servers.
@@ -136,16 +130,13 @@ class KafkaInjector:
                  max_offsets_per_trigger: int | None = None, options: Mapping[str, str] | None = None,
                  max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS, timestamp_format: str | None = None,
                  clock: Clock | None = None) -> None:
-        _check_common(name)
+        _check_common(name, max_event_ahead_ms=max_event_ahead_ms)
         if not bootstrap_servers or not topic:
             raise ConfigError(f"injector {name}: give bootstrap_servers and topic (got {bootstrap_servers!r}, "
                               f"{topic!r})")
         if schema is None:
             raise ConfigError(f"injector {name}: a Kafka source needs the messages' schema, e.g. "
                               "schema='card STRING, amount DOUBLE, ts BIGINT'")
-        if max_event_ahead_ms is not None and max_event_ahead_ms < 0:
-            raise ConfigError(f"injector {name}: max_event_ahead_ms must be >= 0 (or None: no bound), "
-                              f"got {max_event_ahead_ms}")
         self.name = name
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
@@ -158,7 +149,8 @@ class KafkaInjector:
         self.options = dict(options or {})
         self.max_event_ahead_ms = max_event_ahead_ms
         self.timestamp_format = timestamp_format
-        self._estimate = PerPartitionWatermark(watermark_delay_ms, idle_timeout_ms=idle_timeout_ms, clock=clock)
+        self._estimate: PerPartitionWatermark = PerPartitionWatermark(
+            watermark_delay_ms, idle_timeout_ms=idle_timeout_ms, clock=clock)
 
     @property
     def partitions(self) -> list[str]:
@@ -306,18 +298,6 @@ class KafkaInjector:
         """The batch's stats with per-partition maxima (:func:`partition_stats`)."""
         return partition_stats(batch_df, now_ms=self._estimate.clock.now_ms(),
                                max_event_ahead_ms=self.max_event_ahead_ms)
-
-    def observe(self, stats: BatchStats) -> None:
-        """Advance the per-partition estimates with a consumed batch's ``stats.partitions``."""
-        self._estimate.observe(stats)
-
-    def finish(self) -> None:
-        """All input available was consumed (an ``availableNow`` query ended): :data:`END_OF_TIME`."""
-        self._estimate.finish()
-
-    def watermark_ms(self) -> int | None:
-        """min over active partitions of (max seen - bound); None while one is unknown."""
-        return self._estimate.watermark_ms()
 
     def tracking(self, executor: Callable[[Any, int], Any], authority: WatermarkAuthority, *,
                  sequencer: int = 0) -> Callable[[Any, int], None]:

@@ -26,26 +26,14 @@ __all__ = ["ParquetInjector"]
 
 
 class ParquetInjector(_MaxSeenInjector):
-    """A folder of Parquet files read with Spark's file streaming source.
+    """A folder of Parquet files read with Spark's file streaming source (options: docs/sources.md).
 
     Files are consumed in modification-time order; names starting with ``_`` or ``.`` are ignored.
     ``record_id`` is ``record_id_column`` when given (null or empty: a dead letter), otherwise
     ``{name}/{file name}#{row index}``; ``commit_id`` is ``file={file name}#row={row index}``.
-    A missing local folder is made at :meth:`stream_df`.
-
-    Args:
-        name: injector name (``producer`` column, watermark znode).
-        schema: a DDL string or a StructType; None: read from the files present at :meth:`stream_df`.
-        key_column: natural key column, or ``None`` (key ``""``).
-        event_time_column: TIMESTAMP or epoch-ms BIGINT column.
-        value_columns: columns of the JSON value; ``None``: all but the event time and record id
-            columns; empty: no value.
-        max_files_per_trigger: at most this many files per micro-batch; None: every new file.
-        max_bytes_per_trigger: instead, about this many bytes per micro-batch (at least one file).
-        watermark_delay_ms: the declared disorder bound (docs/sources.md, "Watermark options").
-        max_event_ahead_ms: records further ahead of the processing clock become dead letters; None: no bound.
-        watermark_percentile: in [0, 1): the watermark is instead that quantile of the unread
-            files' event times (:mod:`.estimates`).
+    A missing local folder is made at :meth:`stream_df`. ``schema`` None: read from the files present
+    then; ``watermark_percentile`` in [0, 1): the estimate is that quantile of the unread files' event
+    times instead (:mod:`.estimates`).
 
     Raises:
         ConfigError: an invalid name, count, delay, bound or percentile, or both per-trigger limits.

@@ -16,18 +16,13 @@ __all__ = ["record_id_of", "to_stream_schema", "union_inputs"]
 def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, event_time_column: str,
                      value_columns: Sequence[str] | None, record_id: Any, commit_id: Any,
                      exclude: Sequence[str] = (), malformed: Any = None, raw: Any = None) -> DataFrame:
-    """Map a DataFrame of source rows to the stream-table columns, in the JVM.
+    """Map a DataFrame of source rows to the stream-table columns, in the JVM (docs/sources.md).
 
-    Args:
-        key_column: the natural key, cast to string (null: ``""``); ``None``: ``key`` is ``""``.
-        event_time_column: a TIMESTAMP column, or a BIGINT/INT of epoch milliseconds.
-        value_columns: columns of the JSON ``value`` object; ``None``: every column except
-            ``event_time_column`` and ``exclude``; empty: no value.
-        record_id: the record id Column (non-null and unique); ``commit_id``: the source position.
-        exclude: columns left out of the default ``value_columns``.
-        malformed: a STRING column, the raw text of a record the source could not parse (else null):
-            a dead letter "malformed", as is a record with a key, id or STRING value not valid UTF-8.
-        raw: a STRING or BINARY column, the record's original text, kept by its dead letters.
+    ``key_column`` None (or a null key): key ``""``; ``value_columns`` None: every column but
+    ``event_time_column`` and ``exclude``, empty: no value; ``record_id``: a non-null, unique Column;
+    ``commit_id``: the source position; ``malformed``: the raw text of a record the source could not
+    parse (else null), a dead letter "malformed" as is a record with a key, id or STRING value not
+    valid UTF-8; ``raw``: a STRING or BINARY column, the original text its dead letters keep.
 
     Raises:
         ConfigError: a named column does not exist, or the event time column's type is unsupported.

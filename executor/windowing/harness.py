@@ -63,9 +63,7 @@ class MemoryBackend:
         """Store ``rows`` and delete the rows of ``deletes`` (keys of any computation)."""
         for row in rows:
             self.rows[(row.computation, row.key)] = row
-        for key in deletes:
-            for ck in [ck for ck in self.rows if ck[1] == key]:
-                del self.rows[ck]
+        self.rows = {ck: row for ck, row in self.rows.items() if ck[1] not in deletes}
 
     def keys(self, computation: str) -> list[str]:
         """Keys of ``computation`` that have a row, sorted."""
@@ -281,10 +279,8 @@ def _lockstep(scs: Sequence[Scenario], backends: Sequence[Backend], shared: Back
 
 
 def _result(r: _Runner) -> dict[str, Any]:
-    panes = sorted(r.panes, key=lambda p: p["key"])  # stable: emission order within a key
-    if r.comp.state_ttl is not None:
-        return {"panes": panes, "dropped": r.dropped, "expired": r.expired}
-    return {"panes": panes, "dropped": r.dropped}
+    out = {"panes": sorted(r.panes, key=lambda p: p["key"]), "dropped": r.dropped}  # stable within a key
+    return out if r.comp.state_ttl is None else {**out, "expired": r.expired}
 
 
 def assert_panes_equal(actual: Mapping[str, Any], expected: Mapping[str, Any]) -> None:

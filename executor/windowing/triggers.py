@@ -33,10 +33,6 @@ class TriggerContext:
         """The watermark has reached the window's end (``watermark >= end``)."""
         return self.watermark_ms is not None and self.watermark_ms >= self.end_ms
 
-    def node(self, i: int) -> NodeState:
-        """The state dict of node ``i``."""
-        return self.states[i]
-
 
 class Trigger:
     """Base of trigger tree nodes. Subclasses are frozen dataclasses."""
@@ -56,7 +52,7 @@ class Trigger:
 
     def is_finished(self, tc: TriggerContext, i: int) -> bool:
         """Node ``i`` has finished: it fires no more (until cleared)."""
-        return bool(tc.node(i).get("f"))
+        return bool(tc.states[i].get("f"))
 
     def on_element(self, tc: TriggerContext, i: int) -> None:
         """An element arrived in the pane: update node ``i`` (default: pass it to the unfinished children)."""
@@ -77,10 +73,16 @@ class Trigger:
         for j in range(i, i + self.size()):
             tc.states[j] = {}
 
+    def fire_repeating(self, tc: TriggerContext, i: int) -> None:
+        """Fire node ``i``, and clear its subtree if that finished it."""
+        self.on_fire(tc, i)
+        if self.is_finished(tc, i):
+            self.clear(tc, i)
+
     def on_merge(self, tc: TriggerContext, i: int) -> None:
         """Set node ``i`` from the same node of the merged windows (``tc.merging``)."""
         if any(s[i].get("f") for s in tc.merging):
-            tc.node(i)["f"] = 1
+            tc.states[i]["f"] = 1
         for c, j in self._kids(i):
             c.on_merge(tc, j)
 
@@ -109,13 +111,13 @@ class _Counting(Trigger):
     """A trigger counting its pane's elements (``n``); merged windows' counts add up."""
 
     def on_element(self, tc: TriggerContext, i: int) -> None:
-        tc.node(i)["n"] = tc.node(i).get("n", 0) + 1
+        tc.states[i]["n"] = tc.states[i].get("n", 0) + 1
 
     def on_merge(self, tc: TriggerContext, i: int) -> None:
         super().on_merge(tc, i)
         n = sum(s[i].get("n", 0) for s in tc.merging)
-        if n and not tc.node(i).get("f"):
-            tc.node(i)["n"] = n
+        if n and not tc.states[i].get("f"):
+            tc.states[i]["n"] = n
 
 
 @dataclass(frozen=True)
@@ -124,11 +126,11 @@ class Always(_Counting):
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
         """An element arrived since the last firing."""
-        return bool(tc.node(i).get("n", 0))
+        return bool(tc.states[i].get("n", 0))
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
         """Reset the count."""
-        tc.node(i).pop("n", None)
+        tc.states[i].pop("n", None)
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,7 @@ class AfterCount(_Counting):
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
         """``count`` elements are in the pane."""
-        return int(tc.node(i).get("n", 0)) >= self.count
+        return int(tc.states[i].get("n", 0)) >= self.count
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
         """Finish."""
@@ -162,11 +164,11 @@ class AfterProcessingTime(Trigger):
 
     def on_element(self, tc: TriggerContext, i: int) -> None:
         """Set the target (processing time now + ``delay_ms``) at the pane's first element."""
-        tc.node(i).setdefault("t", tc.now_ms + self.delay_ms)
+        tc.states[i].setdefault("t", tc.now_ms + self.delay_ms)
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
         """Processing time has reached the target."""
-        t = tc.node(i).get("t")
+        t = tc.states[i].get("t")
         return t is not None and tc.now_ms >= int(t)
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
@@ -177,8 +179,8 @@ class AfterProcessingTime(Trigger):
         """Finished if any merged window's was; else the earliest of their targets."""
         super().on_merge(tc, i)
         ts = [int(s[i]["t"]) for s in tc.merging if s[i].get("t") is not None]
-        if ts and not tc.node(i).get("f"):
-            tc.node(i)["t"] = min(ts)
+        if ts and not tc.states[i].get("f"):
+            tc.states[i]["t"] = min(ts)
 
 
 @dataclass(frozen=True)
@@ -197,9 +199,7 @@ class Repeatedly(Trigger):
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
         """Fire ``trigger``, and clear it if that finished it."""
-        self.trigger.on_fire(tc, i + 1)
-        if self.trigger.is_finished(tc, i + 1):
-            self.trigger.clear(tc, i + 1)
+        self.trigger.fire_repeating(tc, i + 1)
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ class AfterAny(_Composite):
         for c, j in self._kids(i):
             if not c.is_finished(tc, j) and c.should_fire(tc, j):
                 c.on_fire(tc, j)
-        tc.node(i)["f"] = 1
+        tc.states[i]["f"] = 1
 
 
 @dataclass(frozen=True)
@@ -240,7 +240,7 @@ class AfterAll(_Composite):
         for c, j in self._kids(i):
             if not c.is_finished(tc, j):
                 c.on_fire(tc, j)
-        tc.node(i)["f"] = 1
+        tc.states[i]["f"] = 1
 
 
 @dataclass(frozen=True)
@@ -248,10 +248,7 @@ class AfterEach(_Composite):
     """Runs its subtriggers in sequence: fires when the current one fires; finished after the last."""
 
     def _current(self, tc: TriggerContext, i: int) -> tuple[Trigger, int] | None:
-        for c, j in self._kids(i):
-            if not c.is_finished(tc, j):
-                return c, j
-        return None
+        return next(((c, j) for c, j in self._kids(i) if not c.is_finished(tc, j)), None)
 
     def on_element(self, tc: TriggerContext, i: int) -> None:
         """Pass the element to the current (first unfinished) subtrigger."""
@@ -270,7 +267,7 @@ class AfterEach(_Composite):
         if cur is not None:
             cur[0].on_fire(tc, cur[1])
         if self._current(tc, i) is None:
-            tc.node(i)["f"] = 1
+            tc.states[i]["f"] = 1
 
 
 @dataclass(frozen=True)
@@ -294,18 +291,16 @@ class OrFinally(Trigger):
         (a, ja), (u, ju) = self._kids(i)
         if u.should_fire(tc, ju):
             u.on_fire(tc, ju)
-            tc.node(i)["f"] = 1
+            tc.states[i]["f"] = 1
             return
         a.on_fire(tc, ja)
         if a.is_finished(tc, ja):
-            tc.node(i)["f"] = 1
+            tc.states[i]["f"] = 1
 
 
 @dataclass(frozen=True)
 class AfterWatermark(Trigger):
-    """Fires ON_TIME when the watermark reaches the window end, with optional repeating early/late firings.
-
-    Children (present ones only, in this order): ``early``, ``late``."""
+    """Fires ON_TIME when the watermark reaches the window end, with optional repeating early/late firings."""
 
     early: Trigger | None = None
     late: Trigger | None = None
@@ -318,51 +313,44 @@ class AfterWatermark(Trigger):
         present = [name for name in ("early", "late") if getattr(self, name) is not None]
         return dict(zip(present, self._kids(i), strict=True)).get(which)
 
+    def _phase(self, tc: TriggerContext, i: int) -> tuple[Trigger, int] | None:
+        """``early`` before the on-time firing, ``late`` after it (None: absent)."""
+        return self._sub(i, "late" if tc.states[i].get("o") else "early")
+
     def on_element(self, tc: TriggerContext, i: int) -> None:
-        """Pass the element to ``early`` before the on-time firing, to ``late`` after it."""
-        sub = self._sub(i, "late" if tc.node(i).get("o") else "early")
+        """Pass the element to the current phase's subtrigger."""
+        sub = self._phase(tc, i)
         if sub is not None:
             sub[0].on_element(tc, sub[1])
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
         """Before the on-time firing: the end is reached or ``early`` can fire; after it, ``late`` can."""
-        if not tc.node(i).get("o"):
-            early = self._sub(i, "early")
-            return tc.end_of_window_reached or (early is not None and early[0].should_fire(tc, early[1]))
-        late = self._sub(i, "late")
-        return late is not None and late[0].should_fire(tc, late[1])
+        if not tc.states[i].get("o") and tc.end_of_window_reached:
+            return True
+        sub = self._phase(tc, i)
+        return sub is not None and sub[0].should_fire(tc, sub[1])
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
         """The on-time firing (finishes without ``late``), or a repeating early / late firing."""
-        node = tc.node(i)
-        if not node.get("o"):
-            early = self._sub(i, "early")
-            if tc.end_of_window_reached:  # the on-time firing ends the early phase
-                if early is not None:
-                    early[0].clear(tc, early[1])
-                node["o"] = 1
-                if self.late is None:
-                    node["f"] = 1
-            elif early is not None:
-                early[0].on_fire(tc, early[1])
-                if early[0].is_finished(tc, early[1]):
-                    early[0].clear(tc, early[1])  # early firings repeat
-            return
-        late = self._sub(i, "late")
-        if late is not None:
-            late[0].on_fire(tc, late[1])
-            if late[0].is_finished(tc, late[1]):
-                late[0].clear(tc, late[1])  # late firings repeat
+        node, sub = tc.states[i], self._phase(tc, i)
+        if not node.get("o") and tc.end_of_window_reached:  # the on-time firing ends the early phase
+            if sub is not None:
+                sub[0].clear(tc, sub[1])
+            node["o"] = 1
+            if self.late is None:
+                node["f"] = 1
+        elif sub is not None:
+            sub[0].fire_repeating(tc, sub[1])
 
     def on_merge(self, tc: TriggerContext, i: int) -> None:
         """Past the on-time firing if every merged window was and the end is reached; else early."""
         early, late = self._sub(i, "early"), self._sub(i, "late")
         if all(s[i].get("o") for s in tc.merging) and tc.end_of_window_reached:
-            tc.node(i)["o"] = 1
+            tc.states[i]["o"] = 1
             if late is not None:
                 late[0].on_merge(tc, late[1])
             if self.late is None:
-                tc.node(i)["f"] = 1
+                tc.states[i]["f"] = 1
             return
         if early is not None:
             early[0].on_merge(tc, early[1])

@@ -150,16 +150,12 @@ class WindowedComputation(Computation):
 
     def _closed_window(self, st: dict[str, dict[str, Any]], proto: Window) -> Window | None:
         """The closed window ``proto`` falls into: itself, or (merging windows) a closed one it overlaps."""
-        ws = st.get(proto.wid)
-        if ws is not None and ws.get("x"):
+        if st.get(proto.wid, {}).get("x"):
             return proto
         if not self.strategy.window_fn.merging:
             return None
-        for wid, ws in st.items():
-            w = Window.from_wid(wid)
-            if ws.get("x") and w.start_ms < proto.end_ms and proto.start_ms < w.end_ms:
-                return w
-        return None
+        closed = (Window.from_wid(wid) for wid, ws in st.items() if ws.get("x"))
+        return next((w for w in closed if w.start_ms < proto.end_ms and proto.start_ms < w.end_ms), None)
 
     def _merge_into(self, ctx: Context, st: dict[str, dict[str, Any]], proto: Window) -> str:
         """Merge ``proto`` with the key's live windows; return the id of the window holding it."""

@@ -147,20 +147,13 @@ def merge_overlapping(windows: Sequence[Window]) -> list[tuple[Window, list[Wind
     >>> merge_overlapping([Window(0, 10), Window(5, 15), Window(20, 30)])
     [(Window(start_ms=0, end_ms=15), [Window(start_ms=0, end_ms=10), Window(start_ms=5, end_ms=15)])]
     """
-    out: list[tuple[Window, list[Window]]] = []
-    group: list[Window] = []
-    span: Window | None = None
+    groups: list[tuple[Window, list[Window]]] = []
     for w in sorted(set(windows)):
-        if span is not None and w.start_ms < span.end_ms:
-            group.append(w)
-            span = span.span(w)
-            continue
-        if span is not None and len(group) > 1:
-            out.append((span, group))
-        group, span = [w], w
-    if span is not None and len(group) > 1:
-        out.append((span, group))
-    return out
+        if groups and w.start_ms < groups[-1][0].end_ms:
+            groups[-1] = (groups[-1][0].span(w), [*groups[-1][1], w])
+        else:
+            groups.append((w, [w]))
+    return [(span, group) for span, group in groups if len(group) > 1]
 
 
 def _spec_ms(spec: Mapping[str, Any], field: str, unit_ms: int, default: float | None = None) -> int:

@@ -192,8 +192,7 @@ def take_interval(client: KazooClient, *, pipeline: str, computation: str, inter
         tx.check(node, 0)
         tx.set_data(owner_path, grant.to_payload(), 0)
         res = tx.commit()
-        if isinstance(res[0], Exception) or isinstance(res[1], Exception) \
-                or res[1].ephemeralOwner != session_id:
+        if any(isinstance(r, Exception) for r in res) or res[1].ephemeralOwner != session_id:
             _abandon(client, owner_path, session_id)
             raise LeaseLostError(f"{what} was lost while being granted (broken or session "
                                  "expired); acquire it again")

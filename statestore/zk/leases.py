@@ -195,9 +195,7 @@ class LeaseManager:
                 return  # released, lost or replaced meanwhile
         try:
             data, stat = self._client.get(path)
-        except NoNodeError:
-            return  # released by us, or the session ends: the state listener and renew see to it
-        except Exception:
+        except Exception:  # e.g. gone: released by us, or the session ends (the listener and renew see to it)
             return
         if stat.ephemeralOwner == held.session_id:
             self._watch(held)  # still ours: watch on

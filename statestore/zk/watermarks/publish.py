@@ -27,8 +27,7 @@ __all__ = ["Publisher", "owner_fence"]
 
 log = logging.getLogger(__name__)
 
-Works = Mapping[int, tuple[int | None, int]]
-"""interval -> (its oldest work in ms or None: nothing pending, the sequencer of our grant)."""
+Works = Mapping[int, tuple[int | None, int]]  #: interval -> (oldest work in ms, None: nothing; our sequencer)
 _Got = tuple[bytes | None, ZnodeStat | None]
 
 

@@ -28,14 +28,16 @@ def connect(cfg: ZkConfig, *, timeout_s: float = 15.0) -> KazooClient:
     Raises:
         ZooKeeperServerError: no server answered within ``timeout_s``.
     """
-    client = KazooClient(hosts=cfg.hosts, timeout=cfg.session_timeout_s, connection_retry=dict(_CONNECTION_RETRY),
+    client = KazooClient(hosts=cfg.hosts, timeout=cfg.session_timeout_s,
+                         connection_retry=dict(_CONNECTION_RETRY),
                          auth_data=[("digest", cfg.digest)] if cfg.digest else None)
     try:
         client.start(timeout=timeout_s)
     except KazooTimeoutError as exc:
         client.close()
         raise ZooKeeperServerError(f"could not connect to ZooKeeper at {cfg.hosts} within {timeout_s:.0f}s: "
-                                   "start it ('deltawheel zk start') or pass the right --zk host:port") from exc
+                                   "start it ('deltawheel zk start') or pass the right --zk host:port"
+                                   ) from exc
     if cfg.chroot != "/":
         # one session: make the chroot from the root, then set it (kazoo applies it per request)
         try:

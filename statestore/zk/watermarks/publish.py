@@ -124,10 +124,8 @@ class Publisher:
         ivs = sorted(works)
         _check_range(computation, ivs, topo)
         upstream = [parse_upstream(u) for u in topo.upstream]
-        memo: dict[str, int | None] = {}
-        for kind, name in upstream:
-            if kind == "computation" and name not in memo:
-                memo[name] = self._reader.upstream_low(name, below=computation)
+        memo = {name: self._reader.upstream_low(name, below=computation)
+                for kind, name in upstream if kind == "computation"}
         owners = {iv: self._znodes.owner(computation, iv) for iv in ivs}
         low_path = self._znodes.low(computation)
         names = sorted({n for k, n in upstream if k == "injector"} | set(pub))

@@ -33,8 +33,7 @@ def spark_type_json(ddl_type: str) -> Any:
 def create_local_table(spark: Any, folder: str, *, schema_json: str, properties: Mapping[str, str]) -> bool:
     """Write the first commit of a Delta table (``schemaString``, ``TBLPROPERTIES``) in the local
     ``folder``, put-if-absent; False (nothing written): the session sets :data:`DELTA_TABLE_DEFAULTS`."""
-    conf = spark.conf.getAll
-    if any(k.startswith(DELTA_TABLE_DEFAULTS) for k in conf):
+    if any(k.startswith(DELTA_TABLE_DEFAULTS) for k in spark.conf.getAll):
         return False
     props = dict(properties)
     now = int(time.time() * 1000)

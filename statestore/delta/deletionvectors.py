@@ -141,10 +141,9 @@ def deleted_rows(table: TableFiles, dv: dict[str, Any] | None) -> frozenset[int]
         data = z85_decode(str(dv["pathOrInlineDv"])) if dv["storageType"] == "i" else _file_bytes(table, dv)
         rows = _bitmap_array(data)
     except (OSError, ValueError, KeyError, struct.error) as exc:
-        raise StoreDamagedError(
-            f"deletion vector {dv.get('pathOrInlineDv')!r} of the table {table.root} cannot be read "
-            f"({type(exc).__name__}: {exc}); restore it from a backup of the store (docs/store-damage.md)"
-        ) from exc
+        raise StoreDamagedError(f"deletion vector {dv.get('pathOrInlineDv')!r} of the table {table.root} "
+                                f"cannot be read ({type(exc).__name__}: {exc}); restore it from a backup of "
+                                "the store (docs/store-damage.md)") from exc
     if "cardinality" in dv and len(rows) != int(dv["cardinality"]):
         raise StoreDamagedError(
             f"deletion vector {dv.get('pathOrInlineDv')!r} of the table {table.root} holds {len(rows)} rows, "

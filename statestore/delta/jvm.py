@@ -9,7 +9,7 @@ from typing import Any, Callable, TypeVar
 from ..exceptions import SparkConnectSessionError
 
 __all__ = ["jvm", "jsession", "activate", "jcontext", "jframe", "gateway", "require_classic_session",
-           "java_errors", "per_owner"]
+           "java_errors", "per_owner", "DeltaClasses", "delta_classes"]
 
 _T = TypeVar("_T")
 _OWNED: dict[tuple[str, int], tuple[Any, Any]] = {}  # (kind, id(owner)) -> (the owner, its value)
@@ -58,6 +58,32 @@ def per_owner(kind: str, owner: Any, make: Callable[[], _T]) -> _T:
         if got is None or got[0] is not owner:  # a stopped owner's id may be reused
             got = _OWNED[(kind, id(owner))] = (owner, make())
         return got[1]
+
+
+class DeltaClasses:
+    """The JVM classes deltawheel calls Delta through (each step of resolving one is a py4j round trip)."""
+
+    def __init__(self, jvm: Any) -> None:
+        self.cc = jvm.scala.jdk.javaapi.CollectionConverters
+        self.as_scala = self.cc.asScala
+        utils = jvm.org.apache.spark.util.Utils
+        self.action = utils.classForName("org.apache.spark.sql.delta.actions.Action$", True, False) \
+            .getField("MODULE$").get(None)
+        self.write_op = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")
+        # Write's arity differs across Delta versions and py4j applies no Scala defaults: pad with None
+        self.write_arity = int(utils.classForName("org.apache.spark.sql.delta.DeltaOperations$Write", True,
+                                                  False).getConstructors()[0].getParameterCount())
+        save_mode = jvm.org.apache.spark.sql.SaveMode
+        self.modes = {True: save_mode.Overwrite, False: save_mode.Append}
+        self.array_list = jvm.java.util.ArrayList
+        self.none = jvm.scala.Option.empty()
+        self.some = jvm.scala.Some
+        self.delta_log = jvm.org.apache.spark.sql.delta.DeltaLog
+
+
+def delta_classes(jvm: Any) -> DeltaClasses:
+    """The :class:`DeltaClasses` of the py4j view ``jvm``, resolved once per JVM."""
+    return per_owner("delta", jvm, lambda: DeltaClasses(jvm))
 
 
 def require_classic_session(spark: Any) -> None:

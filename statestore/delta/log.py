@@ -12,8 +12,9 @@ from ..exceptions import StoreDamagedError
 from .checkpoints import CHECKPOINT_NAME, UnreadableCheckpoint, checkpoint_actions, newest_checkpoint
 from .storefs import TableFiles, local_path
 
-__all__ = ["LogSnapshot", "read_snapshot", "log_files", "local_table_exists", "local_path", "commit_infos",
-           "commit_info", "commit_info_in", "json_commit_versions", "damaged_entry", "DAMAGE_DOC",
+__all__ = ["LogSnapshot", "read_snapshot", "files_of", "log_files", "local_table_exists", "local_path",
+           "commit_infos", "commit_info", "commit_info_in", "json_commit_versions", "damaged_entry",
+           "DAMAGE_DOC",
            "newest_commit_info", "user_metadata"]
 
 DAMAGE_DOC = "docs/store-damage.md"
@@ -62,12 +63,18 @@ class LogSnapshot:
     table_id: str | None = None  # ``metaData.id``
 
 
+def files_of(where: str | TableFiles) -> TableFiles | None:
+    """The files of a table or checkpoint folder (None: a remote URI string)."""
+    if isinstance(where, TableFiles):
+        return where
+    root = local_path(where)
+    return None if root is None else TableFiles(root)
+
+
 def log_files(table: str | TableFiles) -> TableFiles | None:
     """The files of ``table``'s ``_delta_log`` folder (a string: a local table only; None: remote)."""
-    if isinstance(table, TableFiles):
-        return table.sub("_delta_log")
-    root = local_path(table)
-    return None if root is None else TableFiles(root).sub("_delta_log")
+    files = files_of(table)
+    return None if files is None else files.sub("_delta_log")
 
 
 def _log_names(table: str | TableFiles) -> tuple[TableFiles, list[str]] | None:

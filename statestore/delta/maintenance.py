@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from .checkpoints import newest_checkpoint
-from .jvm import jsession, per_owner
+from .jvm import delta_classes, jsession, per_owner
 from .jvm import jvm as jvm_of
 from .log import log_files
 from .storefs import table_files
@@ -115,7 +115,7 @@ class LogCheckpointer:
         self._known[path] = known
         if version - known < self.every:
             return
-        d = _classes(spark)
+        d = delta_classes(jvm_of(spark))
         snapshot = log.getSnapshotAt(version, d.none, d.none, False)
         if int(log.checkpointInterval(snapshot.metadata())) != COMMIT_CHECKPOINT_INTERVAL:
             self._known[path] = version  # Delta's hook checkpoints it
@@ -141,19 +141,8 @@ class LogCheckpointer:
                          "meanwhile", path, version, why)
 
 
-class _Classes:
-    def __init__(self, jvm: Any) -> None:
-        self.delta_log = jvm.org.apache.spark.sql.delta.DeltaLog
-        self.none = jvm.scala.Option.empty()
-
-
-def _classes(spark: Any) -> _Classes:
-    jvm = jvm_of(spark)
-    return per_owner("maintenance", jvm, lambda: _Classes(jvm))
-
-
 def _delta_log(spark: Any, path: str) -> Any:
-    return _classes(spark).delta_log.forTable(jsession(spark), path)
+    return delta_classes(jvm_of(spark)).delta_log.forTable(jsession(spark), path)
 
 
 def _newest_checkpoint(files: Any, log: Any) -> int:

@@ -12,7 +12,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from .log import local_path, log_files, read_snapshot
+from .log import files_of, log_files, read_snapshot
 from .storefs import TableFiles
 
 __all__ = ["END_INDEX", "BASE_INDEX", "SourceOffset", "Where", "offset_lines", "batch_adds", "add_file_name",
@@ -41,14 +41,6 @@ class SourceOffset:
         if self.starting or self.index not in (BASE_INDEX, END_INDEX):
             return None
         return self.version + 1 if self.index == END_INDEX else self.version
-
-
-def files_of(where: Where) -> TableFiles | None:
-    """The files of a checkpoint or table (None: a remote URI string)."""
-    if isinstance(where, TableFiles):
-        return where
-    root = local_path(where)
-    return None if root is None else TableFiles(root)
 
 
 def _read(where: TableFiles, rel: str) -> str | None:
@@ -101,12 +93,11 @@ def _table(root: TableFiles) -> tuple[str, bool] | None:
         if root in _TABLES:
             return _TABLES[root]
     snap = read_snapshot(root)
-    got = None
-    if snap is not None and snap.table_id is not None:
-        mapping = snap.configuration.get("delta.columnMapping.mode", "none")
-        got = (snap.table_id, mapping in ("", "none"))
-        with _TABLES_LOCK:
-            _TABLES[root] = got
+    if snap is None or snap.table_id is None:
+        return None
+    got = (snap.table_id, snap.configuration.get("delta.columnMapping.mode", "none") in ("", "none"))
+    with _TABLES_LOCK:
+        _TABLES[root] = got
     return got
 
 

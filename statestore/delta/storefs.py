@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 import threading
 from dataclasses import dataclass
@@ -61,29 +62,19 @@ def local_path(path: str) -> str | None:
     return None if ":" in head else path
 
 
-_FILESYSTEMS: dict[S3Settings, Any] = {}
-_FS_LOCK = threading.Lock()
-
-
+@functools.cache
 def _s3(settings: S3Settings) -> Any:
-    fs = _FILESYSTEMS.get(settings)
-    if fs is None:
-        from pyarrow import fs as pafs
+    from pyarrow import fs as pafs
 
-        # the AWS SDK's flexible checksums are refused by S3-compatible servers such as S3Proxy
-        for var in ("AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION"):
-            os.environ.setdefault(var, "when_required")
-        with _FS_LOCK:
-            fs = _FILESYSTEMS.get(settings)
-            if fs is None:
-                fs = _FILESYSTEMS[settings] = pafs.S3FileSystem(
-                    access_key=settings.access_key, secret_key=settings.secret_key,
-                    endpoint_override=settings.endpoint, scheme=settings.scheme,
-                    region=settings.region or "us-east-1",
-                    force_virtual_addressing=not settings.path_style and settings.endpoint is not None,
-                    allow_delayed_open=True,  # a small file goes up in one PUT on close
-                    connect_timeout=10, request_timeout=60)
-    return fs
+    # the AWS SDK's flexible checksums are refused by S3-compatible servers such as S3Proxy
+    for var in ("AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION"):
+        os.environ.setdefault(var, "when_required")
+    return pafs.S3FileSystem(
+        access_key=settings.access_key, secret_key=settings.secret_key, endpoint_override=settings.endpoint,
+        scheme=settings.scheme, region=settings.region or "us-east-1",
+        force_virtual_addressing=not settings.path_style and settings.endpoint is not None,
+        allow_delayed_open=True,  # a small file goes up in one PUT on close
+        connect_timeout=10, request_timeout=60)
 
 
 @dataclass(frozen=True)
@@ -234,19 +225,14 @@ def _put(fs: Any, path: str, data: Any) -> None:
 
 
 _UPLOADS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("deltawheel_uploads", default=None)
-_POOL: Any = None
-_POOL_LOCK = threading.Lock()
 UPLOAD_THREADS = 4
 
 
+@functools.cache
 def _pool() -> Any:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor
 
-            _POOL = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="deltawheel-upload")
-        return _POOL
+    return ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="deltawheel-upload")
 
 
 @contextlib.contextmanager
@@ -294,13 +280,8 @@ def table_files(spark: Any, uri: str) -> TableFiles | None:
     from .jvm import jsession
 
     conf = jsession(spark).sessionState().newHadoopConf()
-    bucket = urlsplit(uri).netloc
-
-    def get(key: str) -> str | None:
-        value = conf.get(key)
-        return None if value is None else str(value)
-
-    return files_for(uri, S3Settings.from_hadoop(get, bucket))
+    return files_for(uri, S3Settings.from_hadoop(lambda key: None if (v := conf.get(key)) is None else str(v),
+                                                 urlsplit(uri).netloc))
 
 
 def files_resolver(spark: Any) -> Callable[[str], TableFiles | None]:

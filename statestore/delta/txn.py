@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote, unquote
 
 from ..exceptions import StaleFilesError
-from .jvm import jsession, per_owner
+from .jvm import DeltaClasses, delta_classes, jsession
 from .jvm import jvm as jvm_of
 from .log import LogSnapshot, read_snapshot
 from .maintenance import note_commit
@@ -30,7 +30,6 @@ class FileEntry:
     has_deletion_vector: bool
     action_json: str
     added_at: int | None = None  # the version of the commit that added it (None: not known)
-    added_exact: bool = False  # ``added_at`` is that version, not an upper bound
 
     def part(self, name: str) -> str | None:
         """The file's value of partition column ``name`` (None: not partitioned by it)."""
@@ -64,27 +63,6 @@ def _memo(cache: dict[str, Any], key: str, make: Callable[[str], Any]) -> Any:
     return value
 
 
-class _DeltaJvm:
-    """The JVM classes a :class:`TableLog` calls, resolved once per JVM (each step is a py4j round trip)."""
-
-    def __init__(self, jvm: Any) -> None:
-        self.cc = jvm.scala.jdk.javaapi.CollectionConverters
-        self.as_scala = self.cc.asScala
-        utils = jvm.org.apache.spark.util.Utils
-        self.action = utils.classForName("org.apache.spark.sql.delta.actions.Action$", True, False) \
-            .getField("MODULE$").get(None)
-        self.write_op = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")
-        # Write's arity differs across Delta versions and py4j applies no Scala defaults: pad with None
-        self.write_arity = int(utils.classForName("org.apache.spark.sql.delta.DeltaOperations$Write", True, False)
-                               .getConstructors()[0].getParameterCount())
-        save_mode = jvm.org.apache.spark.sql.SaveMode
-        self.modes = {True: save_mode.Overwrite, False: save_mode.Append}
-        self.array_list = jvm.java.util.ArrayList
-        self.none = jvm.scala.Option.empty()
-        self.some = jvm.scala.Some
-        self.delta_log = jvm.org.apache.spark.sql.delta.DeltaLog
-
-
 class TableLog:
     """File-level reads and commits of one Delta table (driver side); the JVM is reached on first use."""
 
@@ -93,7 +71,6 @@ class TableLog:
         self.path = path
         self._jvm = jvm_of(spark)
         self._files = table_files(spark, path)
-        self._j: _DeltaJvm | None = None
         self._jlog: Any = None
         self._parser: Any = None
         self._parsed: dict[str, Any] = {}  # predicate SQL -> parsed expression
@@ -102,10 +79,8 @@ class TableLog:
         self._actions: dict[str, Any] = {}  # action JSON -> Delta action object
 
     @property
-    def _d(self) -> _DeltaJvm:
-        if self._j is None:
-            self._j = per_owner("txn", self._jvm, lambda: _DeltaJvm(self._jvm))
-        return self._j
+    def _d(self) -> DeltaClasses:
+        return delta_classes(self._jvm)
 
     @property
     def _log(self) -> Any:
@@ -154,8 +129,7 @@ class TableLog:
                         entries.append(FileEntry(
                             path=path, partition_values=tuple(sorted(pv.items())), size=int(a["size"]),
                             has_deletion_vector=bool(a.get("deletionVector")),
-                            action_json=json.dumps({"add": a}), added_at=snap.added_at.get(path),
-                            added_exact=path in snap.added_at and path not in snap.bounded))
+                            action_json=json.dumps({"add": a}), added_at=snap.added_at.get(path)))
                 return snap.version, entries
         txn = self._log.startTransaction()
         cc = self._d.cc

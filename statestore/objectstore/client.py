@@ -73,26 +73,23 @@ class S3Client:
             resp = conn.getresponse()
             return resp.status, resp.read()
         except OSError as exc:
-            raise ObjectStoreUnreachableError(
-                f"no S3 server answers at {ep.url} ({exc}); start one with 'deltawheel objectstore start' "
-                "or check the endpoint setting (fs.s3a.endpoint)"
-            ) from exc
+            raise ObjectStoreUnreachableError(f"no S3 server answers at {ep.url} ({exc}); start one with "
+                                              "'deltawheel objectstore start' or check the endpoint setting "
+                                              "(fs.s3a.endpoint)") from exc
         finally:
             conn.close()
 
     def _check(self, status: int, body: bytes, what: str, bucket: str) -> None:
         text = body.decode("utf-8", "replace")
         if status in (401, 403):
-            raise ObjectStoreAuthError(
-                f"{self.endpoint.url} refused the credentials of access key {self.endpoint.access_key!r} "
-                f"({what}: HTTP {status}); use the identity and credential the server was started with "
-                "('deltawheel objectstore status' prints them)"
-            )
+            raise ObjectStoreAuthError(f"{self.endpoint.url} refused the credentials of access key "
+                                       f"{self.endpoint.access_key!r} ({what}: HTTP {status}); use the "
+                                       "identity and credential the server was started with ('deltawheel "
+                                       "objectstore status' prints them)")
         if status == 404 and "NoSuchBucket" in text:
-            raise BucketMissingError(
-                f"bucket {bucket!r} does not exist on {self.endpoint.url}; create it with "
-                f"'deltawheel objectstore create-bucket {bucket}' (or your store's console)"
-            )
+            raise BucketMissingError(f"bucket {bucket!r} does not exist on {self.endpoint.url}; create it "
+                                     f"with 'deltawheel objectstore create-bucket {bucket}' (or your store's "
+                                     "console)")
         if status >= 300:
             raise ObjectStoreError(f"{what} on {self.endpoint.url} failed: HTTP {status} {text[:300]}")
 

@@ -28,14 +28,12 @@ def _chain(exc: BaseException) -> list[tuple[str, str]]:
     """(Java class name, message) of the Java exception behind ``exc`` and its causes."""
     out: list[tuple[str, str]] = []
     je = getattr(exc, "java_exception", None)
-    seen = 0
-    while je is not None and seen < 20:
+    while je is not None and len(out) < 20:
         try:
             out.append((str(je.getClass().getName()), str(je.getMessage())))
             je = je.getCause()
         except Exception:
             break
-        seen += 1
     return out
 
 
@@ -112,9 +110,8 @@ def pyarrow_error(exc: OSError, root: str) -> DeltaWheelError:
 
 
 def check_bucket(files: Any, root: str) -> None:
-    """Raise :class:`BucketMissingError` when the bucket of the ``s3a://`` store ``root`` (its
-    :class:`~..delta.storefs.TableFiles` ``files``) does not exist: S3 lists a missing bucket's
-    prefix as empty, as it lists a missing folder."""
+    """Raise :class:`BucketMissingError` when the bucket of the ``s3a://`` store ``root`` (``files``: its
+    TableFiles) does not exist: S3 lists a missing bucket's prefix as empty, as a missing folder."""
     from pyarrow import fs as pafs
 
     try:

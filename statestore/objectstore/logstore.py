@@ -69,8 +69,7 @@ def hold_log_store(spark: Any, hosts: str, *, chroot: str = "/deltawheel",
     the last release puts the settings from before back.
 
     Raises:
-        ConfigError: another open engine or runner of this Spark application arbitrates through
-            other settings (the log store is one per application: two namespaces, no arbiter).
+        ConfigError: another open engine or runner of this application uses other settings (one each).
     """
     want = log_store_settings(hosts, chroot=chroot, digest=digest)
     key = id(spark.sparkContext)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from pybloom_live import ScalableBloomFilter
 
@@ -25,24 +25,17 @@ class IntervalBloom:
     (True, False)
     """
 
-    def __init__(self, ids: Iterable[str] = (), *, initial_capacity: int = 10_000, error_rate: float = 0.001) -> None:
+    def __init__(self, *, initial_capacity: int = 10_000, error_rate: float = 0.001) -> None:
         self._bf = ScalableBloomFilter(initial_capacity=initial_capacity, error_rate=error_rate,
                                        mode=ScalableBloomFilter.LARGE_SET_GROWTH)
-        self._n = 0
-        for rid in ids:
-            self.add(rid)
 
     def add(self, record_id: str) -> None:
-        """Add ``record_id`` (counted unless the filter already seemed to hold it)."""
-        if not self._bf.add(record_id):
-            self._n += 1
+        """Add ``record_id``."""
+        self._bf.add(record_id)
 
     def might_contain(self, record_id: str) -> bool:
         """False: ``record_id`` was never added (certain); True: it may have been."""
         return record_id in self._bf
-
-    def __len__(self) -> int:
-        return self._n
 
 
 class IdBloom:
@@ -59,11 +52,9 @@ class IdBloom:
     def __init__(self, capacity: int, *, error_rate: float = 0.01) -> None:
         import numpy as np
 
-        n = max(int(capacity), 1)
-        m = max(64, int(math.ceil(-n * math.log(error_rate) / (math.log(2) ** 2))))
-        self.capacity = n
+        self.capacity = n = max(int(capacity), 1)
+        self.m = m = max(64, int(math.ceil(-n * math.log(error_rate) / (math.log(2) ** 2))))
         self.error_rate = error_rate
-        self.m = m
         self.k = max(1, round(m / n * math.log(2)))
         self.count = 0
         self._bits = np.zeros((m + 7) // 8, dtype=np.uint8)

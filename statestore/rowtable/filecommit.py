@@ -22,11 +22,6 @@ __all__ = ["merge_files"]
 _RELIST_ATTEMPTS = 20
 
 
-def _stale(computation: str, interval: int, current: int, ours: int) -> RuntimeError:
-    """The error the MERGE raises for a stale sequencer (``fencing.translate_commit_error`` reads it)."""
-    return RuntimeError(f"{STALE_MARKER} computation={computation} interval={interval} current={current} ours={ours}")
-
-
 def _fence_state(targets: Sequence[Mapping[str, Any]], source: Mapping[str, Any]) -> Any:
     """A fence row's new ``state``, as ``inputfiles.union_sql`` computes it."""
     if source["_op"] == REPLACE_FILES_OP or not targets:
@@ -77,7 +72,8 @@ def merge_files(log: TableLog, files: TableFiles, src: Sequence[Mapping[str, Any
                         kept.append(row)
                         continue
                     if int(row["sequencer"] or 0) > int(s["sequencer"]):
-                        raise _stale(computation, iv, int(row["sequencer"]), int(s["sequencer"]))
+                        raise RuntimeError(f"{STALE_MARKER} computation={computation} interval={iv} "
+                                           f"current={int(row['sequencer'])} ours={int(s['sequencer'])}")
                     targets.setdefault(row["key"], []).append(row)
             for key, s in mine.items():
                 if s["_op"] == "delete":

@@ -2,31 +2,27 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping, Sequence
 
 __all__ = ["spark_type", "arrow_schema", "local_frame"]
 
-_TYPES: dict[str, Any] = {}
-_SCHEMAS: dict[str, Any] = {}
 
-
+@functools.cache
 def spark_type(ddl: str) -> Any:
     """Parsed DDL, cached (parsing is a JVM round trip)."""
-    if ddl not in _TYPES:
-        from pyspark.sql.types import DataType
+    from pyspark.sql.types import DataType
 
-        _TYPES[ddl] = DataType.fromDDL(ddl)
-    return _TYPES[ddl]
+    return DataType.fromDDL(ddl)
 
 
+@functools.cache
 def arrow_schema(ddl: str) -> Any:
     """The Arrow schema Spark uses for ``ddl``, cached."""
-    if ddl not in _SCHEMAS:
-        from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.pandas.types import to_arrow_schema
 
-        # TIMESTAMP columns as UTC instants, as Spark's JVM exchanges them
-        _SCHEMAS[ddl] = to_arrow_schema(spark_type(ddl), timezone="UTC")
-    return _SCHEMAS[ddl]
+    # TIMESTAMP columns as UTC instants, as Spark's JVM exchanges them
+    return to_arrow_schema(spark_type(ddl), timezone="UTC")
 
 
 def local_frame(spark: Any, rows: Sequence[Mapping[str, Any] | Sequence[Any]], ddl: str) -> Any:

@@ -50,9 +50,7 @@ def decode(payload: bytes | None) -> frozenset[str]:
 
 def union_payloads(payloads: Iterable[bytes | None], added: Iterable[str] = ()) -> bytes | None:
     """One payload holding every file of ``payloads`` and ``added`` (None: no file at all)."""
-    files: set[str] = set(added)
-    for p in payloads:
-        files |= decode(p)
+    files = set(added).union(*(decode(p) for p in payloads))
     return encode(files) if files else None
 
 

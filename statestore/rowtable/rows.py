@@ -158,14 +158,12 @@ class KeyRow:
     @property
     def next_event_timer_ms(self) -> int | None:
         """The earliest event-time timer, or None."""
-        ts = [t.time_ms for t in self.timers if t.domain is TimeDomain.EVENT_TIME]
-        return min(ts) if ts else None
+        return min((t.time_ms for t in self.timers if t.domain is TimeDomain.EVENT_TIME), default=None)
 
     @property
     def next_processing_timer_ms(self) -> int | None:
         """The earliest processing-time timer, or None."""
-        ts = [t.time_ms for t in self.timers if t.domain is TimeDomain.PROCESSING_TIME]
-        return min(ts) if ts else None
+        return min((t.time_ms for t in self.timers if t.domain is TimeDomain.PROCESSING_TIME), default=None)
 
     @property
     def is_fence(self) -> bool:

@@ -134,27 +134,20 @@ class RowStore:
 
     def fences(self, computation: str) -> dict[int, int]:
         """interval -> greatest fence-row sequencer of a computation (read in Python where it can)."""
-        quick = self._fences_from_files(computation)
-        if quick is not None:
-            return quick
+        import pyarrow.compute as pc
         from pyspark.sql import functions as F
 
-        df = self._table().where((F.col("computation") == computation) & (F.col("key") == FENCE_KEY))
         # a claim (see fence()) can leave two fence rows in an interval until its next rewrite
+        found = self._fence_rows_from_files(computation, "sequencer")
+        if found is not None:
+            out: dict[int, int] = {}
+            for iv, table in found:
+                top = pc.max(table["sequencer"]).as_py()
+                out[iv] = max(out.get(iv, top), top)
+            return out
+        df = self._table().where((F.col("computation") == computation) & (F.col("key") == FENCE_KEY))
         return {int(r["interval"]): int(r["s"]) for r in
                 df.groupBy("interval").agg(F.max("sequencer").alias("s")).collect()}
-
-    def _fences_from_files(self, computation: str) -> dict[int, int] | None:
-        import pyarrow.compute as pc
-
-        found = self._fence_rows_from_files(computation, "sequencer")
-        if found is None:
-            return None
-        out: dict[int, int] = {}
-        for iv, table in found:
-            top = pc.max(table["sequencer"]).as_py()
-            out[iv] = max(out.get(iv, top), top)
-        return out
 
     def _fence_rows_from_files(self, computation: str, column: str) -> list[tuple[int, Any]] | None:
         """(interval, ``column`` of its live fence rows) per file of ``computation``; None: Spark only."""
@@ -214,8 +207,7 @@ class RowStore:
         writes the files, a quick *claim* commit goes first, so an old owner in a tight loop cannot
         win every race; ``claim_only``: stop after it; ``check=False``: the caller checks."""
         validate_name("computation", computation)
-        files = table_files(self._spark, self.layout.rows) if sequencers else None
-        if sequencers and files is not None:
+        if sequencers and (files := table_files(self._spark, self.layout.rows)) is not None:
             self._claim(computation, sequencers, files)
             if claim_only:
                 if check:
@@ -234,8 +226,7 @@ class RowStore:
         adds = []
         with background_uploads():
             for iv, seq in sorted(sequencers.items()):
-                row = KeyRow(computation=computation, key=FENCE_KEY, interval=iv, sequencer=seq,
-                             commit_id=commit_id, updated_ms=now).to_row()
+                row = _source_row(computation, FENCE_KEY, iv, seq, commit_id, now, "upsert")  # _op: dropped
                 rel = partition_file_name(computation, iv, "claim")
                 size = write_file(pa.Table.from_pylist([row], schema=schema), files, rel)
                 adds.append(new_add(rel, {"computation": computation, "interval": str(iv)}, size, 1))
@@ -285,15 +276,13 @@ class RowStore:
             self._require_sequencer(sequencers, iv, FENCE_KEY)
         touched = sorted({r.interval for r in images} | {iv for iv, _ in deletes} | set(sets) | (
             set(sequencers) if kind == "fence" else set()))
-        if not touched:
-            return CommitResult(commit_id=commit_id, computation=computation, sequencers=dict(sequencers), rows_written=0,
-                                rows_deleted=0, attempts=0, duration_s=0.0, dry_run=dry_run)
         plan = [f"upsert {r.key!r} (interval {r.interval})" for r in images] + [
             f"delete {k!r} (interval {iv})" for iv, k in deletes]
-        if dry_run:
+        if dry_run or not touched:  # nothing touched: nothing to write
             return CommitResult(commit_id=commit_id, computation=computation, sequencers=dict(sequencers),
                                 rows_written=len(images), rows_deleted=len(deletes), attempts=0,
-                                duration_s=time.monotonic() - started, dry_run=True, plan=tuple(plan))
+                                duration_s=time.monotonic() - started if touched else 0.0, dry_run=dry_run,
+                                plan=tuple(plan))
         # 3: the MERGE source: rows, deletions, fences
         src = [r.to_row() | {"_op": "upsert"} for r in images]
         src += [_source_row(computation, k, iv, sequencers[iv], commit_id, now, "delete")
@@ -305,9 +294,9 @@ class RowStore:
             meta = {**inputfiles.no_input_entry(), **(meta or {})}
         res = self._commit_source(computation, src, None, sequencers=sequencers, touched=touched,
                                   commit_id=commit_id, kind=kind, lease_check=lease_check,
-                                  conflict_retries=conflict_retries, started=started, n_rows=len(images),
-                                  n_deletes=len(deletes), meta=meta)
-        return dataclasses.replace(res, dry_run=False, plan=tuple(plan), images=tuple(images))
+                                  conflict_retries=conflict_retries, started=started, meta=meta)
+        return dataclasses.replace(res, rows_written=len(images), rows_deleted=len(deletes), plan=tuple(plan),
+                                   images=tuple(images))
 
     def commit_frame(self, computation: str, frame: Any, *, sequencers: Mapping[int, int],
                      intervals: Sequence[int], commit_id: str,
@@ -323,13 +312,11 @@ class RowStore:
                               state=files) for iv in intervals]
         return self._commit_source(computation, fences, frame, sequencers=sequencers, touched=sorted(intervals),
                                    commit_id=commit_id, kind="commit", lease_check=lease_check,
-                                   conflict_retries=None, started=time.monotonic(), n_rows=0, n_deletes=0,
-                                   meta=meta)
+                                   conflict_retries=None, started=time.monotonic(), meta=meta)
 
     def _commit_source(self, computation: str, src: list[dict[str, Any]], frame: Any, *,
                        sequencers: Mapping[int, int], touched: Sequence[int], commit_id: str, kind: str,
-                       lease_check: Callable[[], None] | None, conflict_retries: int | None,
-                       started: float, n_rows: int, n_deletes: int,
+                       lease_check: Callable[[], None] | None, conflict_retries: int | None, started: float,
                        meta: Mapping[str, Any] | None = None) -> CommitResult:
         info = json.dumps({**(meta or {}), "deltawheel": COMMIT_META_VERSION, "kind": kind,
                            "writer": self.writer, "computation": computation, "commit_id": commit_id,
@@ -362,8 +349,8 @@ class RowStore:
                     raise err from None
         self.stats.commits += 1
         return CommitResult(commit_id=commit_id, computation=computation,
-                            sequencers={iv: sequencers[iv] for iv in touched}, rows_written=n_rows,
-                            rows_deleted=n_deletes, attempts=attempts, duration_s=time.monotonic() - started)
+                            sequencers={iv: sequencers[iv] for iv in touched}, rows_written=0, rows_deleted=0,
+                            attempts=attempts, duration_s=time.monotonic() - started)
 
     def _merge(self, src: list[dict[str, Any]], computation: str, intervals: Sequence[int], meta: str,
                *, frame: Any = None) -> None:
@@ -399,22 +386,21 @@ class RowStore:
         if row.computation != computation:
             raise BadRecordError(f"row of computation {row.computation!r} in a commit of {computation!r}")
         if num_intervals is not None and row.interval != interval_of(row.key, num_intervals):
-            raise BadRecordError(
-                f"key {row.key!r} belongs to interval {interval_of(row.key, num_intervals)} "
-                f"of {num_intervals}, the row says {row.interval}")
+            raise BadRecordError(f"key {row.key!r} belongs to interval {interval_of(row.key, num_intervals)} "
+                                 f"of {num_intervals}, the row says {row.interval}")
         self._require_sequencer(sequencers, row.interval, row.key)
         if base_name(row.codec) not in CODEC_NAMES:
             raise BadRecordError(f"row of key {row.key!r} names unknown codec {row.codec!r}")
         size = len(row.state or b"")
         if size > self.limits.max_state_bytes:
-            raise StateTooLargeError(
-                f"state of key {row.key!r} is {size} bytes, over the limit of "
-                f"{self.limits.max_state_bytes}; keep per-key state small (use combiners, "
-                "move bulk data elsewhere) or raise StoreLimits.max_state_bytes")
+            raise StateTooLargeError(f"state of key {row.key!r} is {size} bytes, over the limit of "
+                                     f"{self.limits.max_state_bytes}; keep per-key state small (use "
+                                     "combiners, move bulk data elsewhere) or raise "
+                                     "StoreLimits.max_state_bytes")
         if len(row.record_ids) > self.limits.max_record_ids_per_key:
-            raise BadRecordError(
-                f"key {row.key!r} keeps {len(row.record_ids)} record ids, over "
-                f"{self.limits.max_record_ids_per_key}; run gc or raise StoreLimits.max_record_ids_per_key")
+            raise BadRecordError(f"key {row.key!r} keeps {len(row.record_ids)} record ids, over "
+                                 f"{self.limits.max_record_ids_per_key}; run gc or raise "
+                                 "StoreLimits.max_record_ids_per_key")
         return row.with_(sequencer=sequencers[row.interval], commit_id=commit_id, updated_ms=now)
 
 

@@ -42,11 +42,9 @@ def bind_store(client: KazooClient, pipeline: str, *, table_id: str, root: str,
             return True
         if on_exists is not None:
             on_exists()
-        try:
+        with suppress(NoNodeError):  # deleted since the create found it: create again
             data, _ = client.get(path)
             break
-        except NoNodeError:
-            continue  # deleted since the create found it
     try:
         held = json.loads(data.decode("utf-8"))
         other, other_root = str(held["rows_table_id"]), str(held.get("root", "?"))

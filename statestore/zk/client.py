@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, SessionExpiredError
+from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, NoNodeError, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.paths import normpath
 from kazoo.security import ACL, make_acl, make_digest_acl
@@ -16,23 +16,10 @@ from kazoo.security import ACL, make_acl, make_digest_acl
 from ..config import ZkConfig
 from ..exceptions import LeaseLostError, LeaseSuspendedError, ZooKeeperServerError
 
-__all__ = ["connect", "digest_acls", "zk_errors"]
+__all__ = ["children", "connect", "digest_acls", "zk_errors"]
 
 # retry forever, quickly: a short outage must reconnect well within the session timeout
 _CONNECTION_RETRY: dict[str, Any] = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0}
-
-
-def _start(hosts: str, cfg: ZkConfig, timeout_s: float) -> KazooClient:
-    client = KazooClient(hosts=hosts, timeout=cfg.session_timeout_s, connection_retry=dict(_CONNECTION_RETRY),
-                         auth_data=[("digest", cfg.digest)] if cfg.digest else None)
-    try:
-        client.start(timeout=timeout_s)
-    except KazooTimeoutError as exc:
-        client.close()
-        raise ZooKeeperServerError(f"could not connect to ZooKeeper at {cfg.hosts} within {timeout_s:.0f}s: "
-                                   "start it ('deltawheel zk start') or pass the right --zk host:port"
-                                   ) from exc
-    return client
 
 
 def connect(cfg: ZkConfig, *, timeout_s: float = 15.0) -> KazooClient:
@@ -41,7 +28,16 @@ def connect(cfg: ZkConfig, *, timeout_s: float = 15.0) -> KazooClient:
     Raises:
         ZooKeeperServerError: no server answered within ``timeout_s``.
     """
-    client = _start(cfg.hosts, cfg, timeout_s)
+    client = KazooClient(hosts=cfg.hosts, timeout=cfg.session_timeout_s,
+                         connection_retry=dict(_CONNECTION_RETRY),
+                         auth_data=[("digest", cfg.digest)] if cfg.digest else None)
+    try:
+        client.start(timeout=timeout_s)
+    except KazooTimeoutError as exc:
+        client.close()
+        raise ZooKeeperServerError(f"could not connect to ZooKeeper at {cfg.hosts} within {timeout_s:.0f}s: "
+                                   "start it ('deltawheel zk start') or pass the right --zk host:port"
+                                   ) from exc
     if cfg.chroot != "/":
         # one session: make the chroot from the root, then set it (kazoo applies it per request)
         try:
@@ -66,6 +62,14 @@ def digest_acls(cfg: ZkConfig) -> list[ACL] | None:
         return None
     user, password = cfg.digest.split(":", 1)
     return [make_digest_acl(user, password, all=True), make_acl("world", "anyone", read=True)]
+
+
+def children(client: KazooClient, path: str) -> list[str]:
+    """The sorted children of ``path`` ([] when it does not exist)."""
+    try:
+        return sorted(client.get_children(path))
+    except NoNodeError:
+        return []
 
 
 @contextmanager

@@ -80,12 +80,12 @@ class LeaseGrant:
             raise CodecError(f"lease payload has format_version {raw.get('format_version')!r}, this "
                              f"deltawheel reads {LEASE_FORMAT_VERSION}; upgrade deltawheel")
         try:
-            grant = cls(pipeline=str(raw["pipeline"]), computation=str(raw["computation"]),
-                        interval=int(raw["interval"]), owner=str(raw["owner"]), sequencer=int(raw["sequencer"]),
-                        granted_ms=int(raw["granted_ms"]), instance=None if raw.get("instance") is None else str(raw["instance"]))
+            return cls(pipeline=str(raw["pipeline"]), computation=str(raw["computation"]),
+                       interval=int(raw["interval"]), owner=str(raw["owner"]),
+                       sequencer=int(raw["sequencer"]), granted_ms=int(raw["granted_ms"]),
+                       instance=None if raw.get("instance") is None else str(raw["instance"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise CodecError(f"lease payload is not a complete grant (pending or damaged): {raw}{ZNODE_DAMAGED_HINT}") from exc
-        return grant
 
 
 ZNODE_DAMAGED_HINT = ("; the znode was written by something other than deltawheel or is damaged: see "
@@ -192,8 +192,7 @@ def take_interval(client: KazooClient, *, pipeline: str, computation: str, inter
         tx.check(node, 0)
         tx.set_data(owner_path, grant.to_payload(), 0)
         res = tx.commit()
-        if isinstance(res[0], Exception) or isinstance(res[1], Exception) \
-                or res[1].ephemeralOwner != session_id:
+        if any(isinstance(r, Exception) for r in res) or res[1].ephemeralOwner != session_id:
             _abandon(client, owner_path, session_id)
             raise LeaseLostError(f"{what} was lost while being granted (broken or session "
                                  "expired); acquire it again")

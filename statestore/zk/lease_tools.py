@@ -15,6 +15,7 @@ from kazoo.security import ACL
 
 from ..exceptions import LeaseHeldError
 from ..layout import validate_name
+from .client import children
 from .grants import LEASE_FORMAT_VERSION, decode_lease, grant_path, interval_path, raise_first
 
 __all__ = ["break_lease", "list_leases", "next_sequencers", "raise_sequencers", "pipeline_chroots"]
@@ -64,18 +65,11 @@ def break_lease(client: KazooClient, *, pipeline: str, computation: str, interva
 def list_leases(client: KazooClient, *, pipeline: str | None = None) -> list[dict[str, Any]]:
     """Every known interval with its owner (``None`` when free) and last sequencer."""
     out: list[dict[str, Any]] = []
-
-    def children(path: str) -> list[str]:
-        try:
-            return sorted(client.get_children(path))
-        except NoNodeError:
-            return []
-
-    for p in [pipeline] if pipeline else children("/pipelines"):
-        for c in children(f"/pipelines/{p}/computations"):
-            for name in children(f"/pipelines/{p}/computations/{c}/intervals"):
+    for p in [pipeline] if pipeline else children(client, "/pipelines"):
+        for c in children(client, f"/pipelines/{p}/computations"):
+            for name in children(client, f"/pipelines/{p}/computations/{c}/intervals"):
                 base = f"/pipelines/{p}/computations/{c}/intervals/{name}"
-                grants = children(f"{base}/grants")
+                grants = children(client, f"{base}/grants")
                 row: dict[str, Any] = {"pipeline": p, "computation": c, "interval": int(name), "owner": None,
                                        "instance": None, "sequencer": None, "session": None, "granted_ms": None,
                                        "last_sequencer": int(grants[-1].rsplit("g-", 1)[1]) if grants else None}
@@ -93,10 +87,7 @@ def next_sequencers(client: KazooClient, *, pipeline: str, computation: str,
     """Per interval, one above the highest sequencer ZooKeeper's grant nodes record (0: none)."""
     out: dict[int, int] = {}
     for iv in sorted(set(intervals)):
-        try:
-            names = client.get_children(f"{interval_path(pipeline, computation, iv)}/grants")
-        except NoNodeError:
-            names = []
+        names = children(client, f"{interval_path(pipeline, computation, iv)}/grants")
         nums = [int(n.rsplit("g-", 1)[1]) for n in names if n.startswith("g-") and n[2:].isdigit()]
         out[iv] = max(nums) + 1 if nums else 0
     return out

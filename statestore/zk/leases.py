@@ -83,7 +83,9 @@ class LeaseManager:
         elif state == KazooState.LOST:
             with self._lock:
                 self._suspended = False
-                grants = self._drop_all("ZooKeeper session expired")
+                grants = [h.grant for per in self._held.values() for h in per.values()]
+                self._lost.update({(g.computation, g.interval): "ZooKeeper session expired" for g in grants})
+                self._held.clear()
             if grants:
                 self._spawn(self._notify_lost, grants, "ZooKeeper session expired")
         elif state == KazooState.CONNECTED:
@@ -92,13 +94,6 @@ class LeaseManager:
                 self._verifying = was_suspended and any(self._held.values())
             if self._verifying:
                 self._spawn(self._reverify)
-
-    def _drop_all(self, reason: str) -> list[LeaseGrant]:
-        grants = [h.grant for per in self._held.values() for h in per.values()]
-        for g in grants:
-            self._lost[(g.computation, g.interval)] = reason
-        self._held.clear()
-        return grants
 
     def _spawn(self, target: Callable[..., None], *args: Any) -> None:
         threading.Thread(target=target, args=args, daemon=True, name=f"deltawheel-{target.__name__}").start()
@@ -195,9 +190,7 @@ class LeaseManager:
                 return  # released, lost or replaced meanwhile
         try:
             data, stat = self._client.get(path)
-        except NoNodeError:
-            return  # released by us, or the session ends: the state listener and renew see to it
-        except Exception:
+        except Exception:  # e.g. gone: released by us, or the session ends (the listener and renew see to it)
             return
         if stat.ephemeralOwner == held.session_id:
             self._watch(held)  # still ours: watch on

@@ -14,6 +14,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from ..exceptions import CodecError, ConfigError
 from ..layout import validate_name
+from .client import children
 
 __all__ = ["MEMBER_FORMAT_VERSION", "Membership", "assign", "live_members", "member_session", "request_move", "read_move",
            "clear_move", "target", "parse_assign"]
@@ -52,10 +53,7 @@ def member_session(client: KazooClient, pipeline: str, instance: str) -> int | N
 
 def live_members(client: KazooClient, pipeline: str) -> list[str]:
     """The instances with a member znode (a live ZooKeeper session), sorted."""
-    try:
-        return sorted(client.get_children(_members(pipeline)))
-    except NoNodeError:
-        return []
+    return children(client, _members(pipeline))
 
 
 def request_move(client: KazooClient, pipeline: str, computation: str,

@@ -23,12 +23,9 @@ log = logging.getLogger(__name__)
 _PROBE_LOG = logging.getLogger(f"{__name__}.probe")
 _PROBE_LOG.setLevel(logging.ERROR)
 
-DEFAULT_MAX_PAUSE_S = 300.0
-"""How long a batch pauses by default while ZooKeeper does not serve, before the run stops."""
-PROBE_MARGIN_S = 5.0
-"""Added to the session timeout: how long a paused client waits before it probes the ensemble."""
-PROBE_EVERY_S = 5.0
-"""Seconds between two probes of one client's ensemble."""
+DEFAULT_MAX_PAUSE_S = 300.0  #: how long a batch pauses while ZooKeeper does not serve, then the run stops
+PROBE_MARGIN_S = 5.0  #: plus the session timeout: how long a paused client waits before it probes
+PROBE_EVERY_S = 5.0  #: seconds between two probes of one client's ensemble
 _PROBE_CONNECT_S = 5.0
 
 

@@ -5,20 +5,20 @@ who counts: :func:`.low.instances_low`."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 
 from ...clock import Clock
 from ...layout import validate_name
 from ..members import live_members
-from .codec import Raw, Znodes, caught_up_payload, check_ms, decode, instance_update
+from .codec import Znodes, caught_up_payload, check_ms, decode, instance_update
 from .low import instances_low, watched
 from .pause import zk_call
 from .rounds import Rounds, got
 
 __all__ = ["Instances"]
 
-Held = Mapping[str, Mapping[int, int]]
-"""computation -> interval -> the lease sequencer an instance holds it with."""
+Held = Mapping[str, Mapping[int, int]]  #: computation -> interval -> the lease sequencer it is held with
 
 
 class Instances:
@@ -72,10 +72,8 @@ class Instances:
         what = f"recording the catch-up of {self._znodes.pipeline}/{computation}"
         base = self._znodes.caught_up(computation)
         for interval, seq in sorted(sequencers.items()):
-            def update(old: Raw | None, seq: int = int(seq)) -> bytes | None:
-                return caught_up_payload(old, seq, clock=self._clock)
-
-            self._rounds.cas(f"{base}/{interval:05d}", what, update)
+            self._rounds.cas(f"{base}/{interval:05d}", what,
+                             functools.partial(caught_up_payload, sequencer=int(seq), clock=self._clock))
 
     def _caught_up(self, computations: Iterable[str]) -> dict[str, dict[int, int]]:
         out: dict[str, dict[int, int]] = {}

@@ -16,8 +16,7 @@ from typing import Any
 __all__ = ["END_OF_TIME", "handing_off", "holds_back", "instances_low", "later", "low_watermark", "lowest", "releasing",
            "watched", "work_value"]
 
-END_OF_TIME = 2**63 - 1
-"""The watermark of a finished input: every event time is behind it."""
+END_OF_TIME = 2**63 - 1  #: the watermark of a finished input: every event time is behind it
 
 
 def lowest(values: Sequence[int | None]) -> int | None:

@@ -27,8 +27,7 @@ __all__ = ["Publisher", "owner_fence"]
 
 log = logging.getLogger(__name__)
 
-Works = Mapping[int, tuple[int | None, int]]
-"""interval -> (its oldest work in ms or None: nothing pending, the sequencer of our grant)."""
+Works = Mapping[int, tuple[int | None, int]]  #: interval -> (oldest work in ms, None: nothing; our sequencer)
 _Got = tuple[bytes | None, ZnodeStat | None]
 
 
@@ -125,10 +124,8 @@ class Publisher:
         ivs = sorted(works)
         _check_range(computation, ivs, topo)
         upstream = [parse_upstream(u) for u in topo.upstream]
-        memo: dict[str, int | None] = {}
-        for kind, name in upstream:
-            if kind == "computation" and name not in memo:
-                memo[name] = self._reader.upstream_low(name, below=computation)
+        memo = {name: self._reader.upstream_low(name, below=computation)
+                for kind, name in upstream if kind == "computation"}
         owners = {iv: self._znodes.owner(computation, iv) for iv in ivs}
         low_path = self._znodes.low(computation)
         names = sorted({n for k, n in upstream if k == "injector"} | set(pub))

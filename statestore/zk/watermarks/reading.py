@@ -49,11 +49,7 @@ class Reader:
         return self.inputs_of(computation, (), num_intervals, what=f"reading oldest work of {computation}")[1]
 
     def low_watermark(self, computation: str, *, topology: Topology | None = None) -> int | None:
-        """The low watermark as MillWheel computes it (``topology``: as the caller just read it).
-
-        Raises:
-            ConfigError: ``computation`` is not declared, or the topology has a cycle.
-        """
+        """:meth:`.authority.WatermarkAuthority.low_watermark` (``topology``: as the caller just read it)."""
         topo = topology if topology is not None else self.topology(computation)
         if topo is None:
             raise ConfigError(f"{self._znodes.pipeline}/{computation} is not declared; declare() it with its "

@@ -13,6 +13,7 @@ from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import ZnodeStat
 from kazoo.security import ACL
 
+from ..client import children
 from .codec import Raw, decode
 from .pause import Connection, zk_call
 
@@ -44,10 +45,7 @@ class Rounds:
 
     def children(self, path: str) -> list[str]:
         """The sorted children of ``path`` ([] when it does not exist); one plain call."""
-        try:
-            return sorted(self.client.get_children(path))
-        except NoNodeError:
-            return []
+        return children(self.client, path)
 
     def read(self, path: str, what: str) -> Raw | None:
         """The payload at ``path`` (``None``: absent), read once ZooKeeper serves."""

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..delta.log import commit_infos, user_metadata
 from ..layout import StoreLayout
 
 __all__ = ["RECOVERED_DETAIL", "AuditGap", "audit_gap", "missing_audit_rows", "AUDIT_FORMAT_VERSION"]
@@ -56,8 +57,6 @@ def audit_gap(spark: Any, layout: StoreLayout, *, after_version: int | None = No
     have = (_audit_ids(spark, layout, audit_version) if audit_existed else None) or set()
     commits, read = None, 0
     if after_version is not None:
-        from ..delta.log import commit_infos
-
         infos = commit_infos(layout.rows, after=after_version)
         if infos is not None:
             commits = [(v, int(i.get("timestamp") or 0), i.get("userMetadata")) for v, i in infos]
@@ -71,12 +70,8 @@ def audit_gap(spark: Any, layout: StoreLayout, *, after_version: int | None = No
     commits = sorted(c for c in commits if rows_version is None or c[0] <= rows_version)
     out = []
     for version, ts_ms, text in commits:
-        try:
-            meta = json.loads(text) if text else None
-        except ValueError:
-            continue  # another writer's free text
-        if not isinstance(meta, dict) or not meta.get("tool") or not meta.get("audit_id") \
-                or str(meta["audit_id"]) in have:
+        meta = user_metadata(text)  # None: another writer's free text
+        if meta is None or not meta.get("tool") or not meta.get("audit_id") or str(meta["audit_id"]) in have:
             continue
         raw = meta.get("sequencers")
         seqs: dict[str, Any] = raw if isinstance(raw, dict) else {}

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Mapping
 
 from ..delta.checkpoints import CHECKPOINT_NAME, checkpoint_actions, newest_checkpoint
 from ..delta.deletionvectors import deleted_rows
-from ..delta.log import _commit_versions, damaged_entry
+from ..delta.log import _commit_versions, damaged_entry, user_metadata
 from ..delta.storefs import TableFiles
 from ..delta.txn import decode_path
 from ..exceptions import (
@@ -212,12 +212,8 @@ def _commit_facts(version: int, lines: list[str], file: str, mtime_ms: int) -> t
             info = act["commitInfo"]
         elif "add" in act or "remove" in act:
             actions.append(act)
-    try:
-        meta = json.loads(info.get("userMetadata") or "{}")
-    except ValueError:
-        meta = {}
     ts = int(info.get("inCommitTimestamp") or mtime_ms or info.get("timestamp") or 0)
-    return Commit(version, ts, info.get("operation"), meta if isinstance(meta, dict) else {}), actions
+    return Commit(version, ts, info.get("operation"), user_metadata(info.get("userMetadata")) or {}), actions
 
 
 class _Walk:

@@ -17,9 +17,8 @@ from typing import Any, Iterable, Literal, Sequence, TextIO
 from ..exceptions import ConfigError
 from ..layout import StoreLayout
 from ..rowtable.rows import KeyRow
-from .decoding import decode_json_text, decode_value
 from .readonly import check_read_only
-from .views import register_views
+from .views import decode_json_text, decode_value, register_views
 
 __all__ = ["FORMATS", "decode_value", "decode_json_text", "register_views", "TABLE_MAX_ROWS", "SqlResult",
            "sql_frame", "write_sql", "run_sql", "format_rows", "inspect_key", "row_json"]

@@ -18,10 +18,9 @@ from ..layout import StoreLayout
 from ..rowtable.rows import KeyRow
 from ..sqltext import sql_str
 from ..zk.lease_tools import list_leases
-from .edits import Edits, check_computation, run_sql, set_state
+from .edits import Edits, check_computation, pending_edits, run_sql, set_state, timer_edits
 from .merge import MergeStatement, merge_edits, parse_merge
 from .replace import Held, Surgery, SurgeryResult, plan_replacement, replace_intervals
-from .sideviews import pending_edits, timer_edits
 
 __all__ = ["RepairStatement", "parse_repair", "plan_repair", "repair", "pipeline_intervals"]
 

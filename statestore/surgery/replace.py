@@ -117,13 +117,10 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
                       timeline: Timeline | None = None) -> SurgeryResult:
     """Take ``intervals`` (None: all), commit ``build``'s rows in their place, give them back, record it.
 
-    Args:
-        before_commit: called with the tool's sequencers just before the commit (tests race it).
-        skip_delivery: ids of checkpointed productions the tool's recovery does not deliver.
-        before_audit: called with the commit's version before the audit row (tests crash there).
-        input_sets: maps the intervals' input-file sets under the leases to those that replace
-            them (gc's pruning, ``gc/inputsets.py``), committed in the same transaction.
-        timeline: records each phase and the pause (``timeline.py``).
+    ``before_commit`` gets the sequencers before the commit, ``before_audit`` the version before the
+    audit row (tests race and crash there); ``skip_delivery``: checkpointed productions not delivered;
+    ``input_sets`` maps the intervals' input-file sets under the leases to those that replace them in
+    the same commit (gc's pruning); ``timeline`` records each phase and the pause.
 
     Raises:
         LeaseHeldError: ``no_wait`` and a live owner holds an interval, still held after ``wait_s``,

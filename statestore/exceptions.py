@@ -83,9 +83,8 @@ def disk_full(exc: BaseException) -> bool:
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        if isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if "No space left on device" in str(cur):
+        if (isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, errno.EDQUOT)) \
+                or "No space left on device" in str(cur):
             return True
         cur = cur.__cause__ or cur.__context__
     return False

@@ -12,7 +12,7 @@ from typing import Any
 from ..delta.log import commit_infos, user_metadata
 from ..layout import StoreLayout
 
-__all__ = ["RECOVERED_DETAIL", "AuditGap", "audit_gap", "missing_audit_rows", "AUDIT_FORMAT_VERSION"]
+__all__ = ["RECOVERED_DETAIL", "AuditGap", "audit_gap", "AUDIT_FORMAT_VERSION"]
 
 AUDIT_FORMAT_VERSION = 1
 
@@ -42,18 +42,11 @@ class AuditGap:
     read: int
 
 
-def missing_audit_rows(spark: Any, layout: StoreLayout, *, rows_version: int | None = None,
-                       audit_version: int | None = None, audit_existed: bool = True) -> list[dict[str, Any]]:
-    """The audit rows missing for tools' commits, oldest first; commits past the log's retention unseen.
-
-    ``rows_version`` / ``audit_version``: as of those (default newest); ``audit_existed`` False: all."""
-    return audit_gap(spark, layout, rows_version=rows_version, audit_version=audit_version,
-                     audit_existed=audit_existed).rows
-
-
 def audit_gap(spark: Any, layout: StoreLayout, *, after_version: int | None = None, rows_version: int | None = None,
               audit_version: int | None = None, audit_existed: bool = True) -> AuditGap:
-    """:func:`missing_audit_rows` of the commits after ``after_version`` (None: all; gc keeps it)."""
+    """The audit rows missing for tools' commits after ``after_version`` (None: all; gc keeps it), oldest
+    first; commits past the log's retention unseen. ``rows_version`` / ``audit_version``: as of those
+    (default newest); ``audit_existed`` False: every tool's commit counts as missing."""
     have = (_audit_ids(spark, layout, audit_version) if audit_existed else None) or set()
     commits, read = None, 0
     if after_version is not None:

@@ -143,13 +143,10 @@ def _state_diff(spark: Any, a: Any, b: Any, counts: dict[str, int],
             if not counts[k]:
                 continue
             rows = j.where(conds[k]).orderBy("key").limit(SAMPLE).collect()
-            samples[k] = [{
-                "key": r["key"],
-                "a": _decode(r["a_state"], r["a_codec"]) if k != "timers" and k != "pending" else None,
-                "b": _decode(r["b_state"], r["b_codec"]) if k != "timers" and k != "pending" else None,
-                **({"a_timers": r["a_timers"], "b_timers": r["b_timers"]} if k == "timers" else {}),
-                **({"a_pending": r["a_pending"], "b_pending": r["b_pending"]} if k == "pending" else {}),
-            } for r in rows]
+            state = k not in ("timers", "pending")  # else the sample shows that column of A and B
+            samples[k] = [{"key": r["key"], "a": _decode(r["a_state"], r["a_codec"]) if state else None,
+                           "b": _decode(r["b_state"], r["b_codec"]) if state else None,
+                           **({} if state else {f"a_{k}": r[f"a_{k}"], f"b_{k}": r[f"b_{k}"]})} for r in rows]
     finally:
         j.unpersist()
 

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ..codecs import base_name, get_codec
 from ..comments import STREAM, VALUE_JSON, VIEWS, view_columns
+from ..delta.log import local_table_exists
 from ..exceptions import CodecError, ConfigError
 from ..layout import StoreLayout
 from ..rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
@@ -20,7 +21,7 @@ from ..sqltext import sql_path, sql_str
 from ..tabledefs import AUDIT_COLUMNS, DEAD_LETTERS_COLUMNS, LATE_DATA_COLUMNS
 from ..writepath.streams import BUILTIN_VIEWS, list_streams
 from .asof import AsOf
-from .auditgap import missing_audit_rows
+from .auditgap import audit_gap
 
 __all__ = ["StoreViews", "named_views", "register_views", "decode_value", "decode_json_text"]
 
@@ -161,8 +162,6 @@ class StoreViews:
     def _source(self, path: str) -> str | None:
         """The SQL naming the Delta table at ``path`` (at ``as_of``'s version); None: no table."""
         if self.as_of is None:
-            from ..delta.log import local_table_exists
-
             exists = local_table_exists(path)  # a local table: its log's files, no JVM call
             if exists is None:
                 from delta.tables import DeltaTable
@@ -278,13 +277,10 @@ class StoreViews:
     def _audit_gap(self) -> list[dict[str, Any]]:
         """The audit rows missing for tools' rows commits (``auditgap.py``), as of ``as_of``."""
         if self.as_of is None:
-            return missing_audit_rows(self.spark, self.layout)
-        rows_v = self.as_of.version_of(self.layout.rows)
-        if rows_v is None:
-            return []
+            return audit_gap(self.spark, self.layout).rows
         audit_v = self.as_of.version_of(self.layout.audit)
-        return missing_audit_rows(self.spark, self.layout, rows_version=rows_v, audit_version=audit_v,
-                                  audit_existed=audit_v is not None)
+        return audit_gap(self.spark, self.layout, rows_version=self.as_of.rows_version, audit_version=audit_v,
+                         audit_existed=audit_v is not None).rows
 
     def _decoded(self, stream: str) -> None:
         self._decoder()

@@ -5,6 +5,7 @@ state TTL's timer, tag ``\\x00ttl``, is refused: change ``state_ttl`` instead)."
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -113,8 +114,6 @@ def check_new_key(key: Any) -> str:
 
 def check_computation(text: str, computation: str) -> None:
     """Refuse (RepairStatementError) a statement whose text names another computation's rows."""
-    import re
-
     others = sorted({c for c in re.findall(r"computation\s*(?:=|==)\s*'([^']*)'", text, re.IGNORECASE)
                      if c != computation})
     if others:

@@ -81,11 +81,8 @@ def parse_repair(text: str) -> RepairStatement:
 
 
 def _state_edits(spark: Any, stmt: RepairStatement, computation: str) -> Edits:
-    """UPDATE / DELETE of the state view: the keys it selects, with their new state text.
-
-    Raises:
-        RepairStatementError: the statement selects another computation's rows; invalid SQL.
-    """
+    """UPDATE / DELETE of the state view: the keys it selects, with their new state text
+    (RepairStatementError: invalid SQL, or it selects another computation's rows)."""
     cond = stmt.where or "true"
     named = {r[0] for r in run_sql(spark, f"SELECT DISTINCT computation FROM state WHERE ({cond})",
                                    what="the state view")}

@@ -94,9 +94,6 @@ class FatalError(DeltaWheelError):
     """Retrying the same call will fail again; input or configuration must change."""
 
 
-# --- coordination -----------------------------------------------------------
-
-
 class LeaseError(RetryableError):
     """Base for problems with key-interval leases."""
 
@@ -153,9 +150,6 @@ class KafkaServerError(FatalError):
     """The local Kafka broker (``deltawheel/servers/kafka.py``) could not be started or reached."""
 
     exit_code = 8
-
-
-# --- input and storage ------------------------------------------------------
 
 
 class CodecError(FatalError):
@@ -272,9 +266,6 @@ class JavaMissingError(ConfigError):
     """No ``java`` executable: Spark (and the embedded ZooKeeper) need a Java 17+ JDK."""
 
     exit_code = 8
-
-
-# --- object storage ---------------------------------------------------------
 
 
 class ObjectStoreError(FatalError):

@@ -1,7 +1,5 @@
-"""Audit rows missing for tools' rows commits, rebuilt from the commits' metadata (read only).
-
-A tool that died between its rows commit and its audit row (``surgery/audit.py``) leaves such a
-gap; the rebuilt rows carry ``"recovered": true`` in ``detail``."""
+"""Audit rows a tool that died after its rows commit did not append (``surgery/audit.py``), rebuilt
+read-only from the commits' metadata with ``"recovered": true`` in ``detail``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Re-seeding ZooKeeper from the store after ZooKeeper lost a pipeline's state.
-
-Run it with every copy of the pipeline stopped; it only raises values, so a repeat changes
-nothing. docs/coordinator-recovery.md, "Lost ZooKeeper data"."""
+"""Re-seeding ZooKeeper from the store after ZooKeeper lost a pipeline's state, with every copy of the
+pipeline stopped; it only raises values, so a repeat changes nothing (docs/coordinator-recovery.md)."""
 
 from __future__ import annotations
 

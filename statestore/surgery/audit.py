@@ -1,6 +1,5 @@
-"""The audit table ``<store>/_audit``: one row per change a tool made to a live computation's rows.
-
-The tool's rows commit carries the same record, so :func:`recover_audit` can append a dead tool's row."""
+"""The audit table ``<store>/_audit``: one row per change a tool made to a live computation's rows; the
+tool's rows commit carries the same record, so :func:`recover_audit` can append a dead tool's row."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Repair: a statement on a decoded view, applied to the live rows in one fenced commit under the
-leases it touches (docs/operations.md, "Repair", lists the statements).
-
-The statement is evaluated twice: once to find the leases to take (every refusal before the
-pipeline is asked), then under them (``replace.py``)."""
+"""Repair: a statement on a decoded view (docs/operations.md, "Repair"), applied to the live rows in
+one fenced commit under the leases it touches. It is evaluated twice: once to find the leases to
+take (every refusal before the pipeline is asked), then under them (``replace.py``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""A tool's fenced replacing write of some intervals of a live computation.
-
-:func:`replace_intervals`: hand-over request, leases and recovery, one fenced commit of what
-``build`` returns, leases back, audit record (docs/replay.md, "6. Promote"); :func:`plan_replacement`
-is its dry run."""
+"""A tool's fenced replacing write of some intervals of a live computation: hand-over request, leases
+and recovery, one fenced commit of what ``build`` returns, leases back, audit record (docs/replay.md,
+"6. Promote"); :func:`plan_replacement` is its dry run."""
 
 from __future__ import annotations
 

@@ -254,5 +254,6 @@ def format_diff(d: StoreDiff) -> str:
     lines += [f"{k:<22}{d.counts.get(k, 0):>8}" for k in STATE_KINDS + PRODUCTION_KINDS]
     lines += [f"note: {n}" for n in d.notes]
     lines.append("no difference" if d.empty else "samples (A -> B):")
-    lines += [f"  {k}: {json.dumps(r, sort_keys=True, default=str)}" for k, rows in d.samples.items() for r in rows]
+    lines += [f"  {k}: {json.dumps(r, sort_keys=True, default=str)}"
+              for k, rows in d.samples.items() for r in rows]
     return "\n".join(lines)

@@ -232,7 +232,8 @@ def row_json(row: KeyRow, *, allow_pickle: bool = False) -> dict[str, Any]:
         "computation": row.computation, "key": row.key, "interval": row.interval, "codec": row.codec,
         "state": decode_value(row.codec, row.state, allow_pickle=allow_pickle),
         "timers": [{"tag": t.tag, "domain": t.domain.value, "time_ms": t.time_ms,
-                    "fire_time": dt.datetime.fromtimestamp(t.time_ms / 1000, dt.UTC).isoformat()} for t in row.timers],
+                    "fire_time": dt.datetime.fromtimestamp(t.time_ms / 1000, dt.UTC).isoformat()}
+                   for t in row.timers],
         "record_ids": [{"record_id": s.record_id, "seen_ms": s.seen_ms} for s in row.record_ids],
         "pending": [{"production_id": p.production_id, "stream": p.stream, "key": p.key, "codec": p.codec,
                      "value": decode_value(p.codec, p.value, allow_pickle=allow_pickle),

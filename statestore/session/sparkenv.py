@@ -242,8 +242,9 @@ def _object_store_jars(wanted: bool | None) -> list[Path]:
     store = ensure_zk_log_store_jar()
     manager = ensure_checkpoint_manager_jar() if store is not None else None
     if (store is None or manager is None) and wanted:  # no javac: no object-store tables, not unsafe commits
-        raise JarFetchError("object-store tables need deltawheel's log store for s3a://, compiled with javac: "
-                            "install a JDK (17+) or build the session with SparkSettings(object_store=None)")
+        raise JarFetchError("object-store tables need deltawheel's log store for s3a://, compiled with "
+                            "javac: install a JDK (17+) or build the session with "
+                            "SparkSettings(object_store=None)")
     return [] if store is None or manager is None else [*jars, store, manager]
 
 

@@ -74,7 +74,8 @@ class AuditRecord:
 
 def append_audit(spark: Any, layout: StoreLayout, record: AuditRecord) -> None:
     """Append ``record`` to the store's audit table (created by the first append)."""
-    spark.createDataFrame([record.to_row()], AUDIT_COLUMNS).write.format("delta").mode("append").save(layout.audit)
+    df = spark.createDataFrame([record.to_row()], AUDIT_COLUMNS)
+    df.write.format("delta").mode("append").save(layout.audit)
 
 
 def commit_meta(record: AuditRecord) -> dict[str, Any]:

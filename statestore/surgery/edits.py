@@ -144,9 +144,9 @@ def timer_edits(spark: Any, *, computation: str, where: str | None, time_expr: s
     Raises:
         RepairStatementError: invalid SQL; a reserved (TTL) timer selected; a NULL or fractional new time.
     """
-    view = ("(SELECT computation, `interval`, key, t.tag, t.domain, timestamp_millis(t.time_ms) AS fire_time, "
-            f"t.time_ms FROM rows LATERAL VIEW explode(timers) tt AS t WHERE computation = {sql_str(computation)}) "
-            "AS timers")
+    view = ("(SELECT computation, `interval`, key, t.tag, t.domain, timestamp_millis(t.time_ms) AS "
+            "fire_time, t.time_ms FROM rows LATERAL VIEW explode(timers) tt AS t WHERE computation = "
+            f"{sql_str(computation)}) AS timers")
     new = "CAST(NULL AS BIGINT)" if time_expr is None else f"CAST(({time_expr}) AS BIGINT)"
     rows = run_sql(spark, f"SELECT key, `interval` AS iv, tag, domain, time_ms, {new} AS new_ms "
                           f"FROM {view} WHERE ({where or 'true'})", what="the timers view")
@@ -191,8 +191,8 @@ def pending_edits(spark: Any, *, computation: str, where: str | None) -> Edits:
             "dw_decode(p.codec, p.value) AS value_json, timestamp_millis(p.timestamp_ms) AS `timestamp` "
             f"FROM rows LATERAL VIEW explode(pending) pp AS p WHERE computation = {sql_str(computation)}) "
             "AS pending_productions")
-    rows = run_sql(spark, f"SELECT key, `interval` AS iv, production_id FROM {view} WHERE ({where or 'true'})",
-                   what="the pending_productions view")
+    rows = run_sql(spark, f"SELECT key, `interval` AS iv, production_id FROM {view} "
+                          f"WHERE ({where or 'true'})", what="the pending_productions view")
     drop: dict[str, set[str]] = {}
     ivs: dict[str, int] = {}
     for r in rows:

@@ -199,12 +199,10 @@ def missing_settings(have: Mapping[str, str | None], store: str) -> list[str]:
     >>> missing_settings({"spark.sql.extensions": "a.B"}, "s3a://b/s")[0]
     'spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension (it is a.B)'
     """
-    missing = []
-    for key, value in session_settings(store).items():
-        current = have.get(key) or ""
-        if value not in [v.strip() for v in current.split(",")]:
-            missing.append(f"{key}={value}" + (f" (it is {current})" if current else " (unset)"))
-    return missing
+    want = session_settings(store)
+    now = {key: have.get(key) or "" for key in want}
+    return [f"{key}={value}" + (f" (it is {now[key]})" if now[key] else " (unset)")
+            for key, value in want.items() if value not in [v.strip() for v in now[key].split(",")]]
 
 
 def check_session(spark: Any, store: str) -> None:

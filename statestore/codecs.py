@@ -127,10 +127,9 @@ class PickleCodec:
 
 
 class Int64MapCodec:
-    """msgpack, except that a non-empty dict of int64 -> int64 is stored as packed pairs.
-
-    An 8-byte header (:data:`INT64MAP_HEADER`), then (key, value) little-endian int64 pairs sorted
-    by key, so many keys' states decode and encode at once with NumPy (docs/embedding.md).
+    """msgpack, except that a non-empty dict of int64 -> int64 is stored as packed pairs: an 8-byte
+    header (:data:`INT64MAP_HEADER`), then (key, value) little-endian int64 pairs sorted by key, so
+    many keys' states decode and encode at once with NumPy (docs/embedding.md).
 
     >>> c = Int64MapCodec()
     >>> c.decode(c.encode({20: 1, 10: 2})), len(c.encode({20: 1, 10: 2})), c.decode(c.encode(["k", 1]))

@@ -1,7 +1,6 @@
-"""Read-only: the difference between one computation's state in two stores, and its productions.
-
-Key by key (state, timers, pending productions; not record ids), and productions matched by
-(stream, key, event time); in Spark, only counts and samples reach the driver. docs/replay.md."""
+"""Read-only: the difference between one computation's state in two stores key by key (state, timers,
+pending productions; not record ids), and its productions matched by (stream, key, event time); in
+Spark, only counts and samples reach the driver (docs/replay.md)."""
 
 from __future__ import annotations
 

@@ -90,9 +90,8 @@ def named_views(statement: str, names: Iterable[str]) -> list[str]:
 
 
 class StoreViews:
-    """The views of the store ``layout`` on ``spark``, defined as :meth:`ensure` asks.
-
-    ``as_of`` (:func:`.asof.resolve_as_of`): every view reads its table at that version (a table
+    """The views of the store ``layout`` on ``spark``, defined as :meth:`ensure` asks. ``as_of``
+    (:func:`.asof.resolve_as_of`): every view reads its table at that version (a table
     without one gets no view, the side tables an empty one). ``rows_source``: SQL naming a relation
     with the rows table's columns, read in its place.
 

@@ -249,10 +249,13 @@ def _acquire(spark: Any, layout: StoreLayout, owner: IntervalOwner, ivs: Sequenc
 def _version_of(spark: Any, layout: StoreLayout, commit_id: str) -> int | None:
     """The rows-table version whose metadata carries ``commit_id`` (newest first)."""
     files = table_files(spark, layout.rows)
-    found = None if files is None else newest_commit_info(
-        files, lambda info: _commit_id(info.get("userMetadata")) == commit_id)
-    if found is not None:
-        return found[0]
+    if files is not None:
+        try:
+            found = newest_commit_info(files, lambda info: _commit_id(info.get("userMetadata")) == commit_id)
+        except ValueError:
+            found = None
+        if found is not None:
+            return found[0]
     for r in spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}` LIMIT 200").select("version", "userMetadata").collect():
         if _commit_id(r["userMetadata"]) == commit_id:
             return int(r["version"])

@@ -19,8 +19,7 @@ __all__ = ["ReseedPlan", "plan_reseed", "apply_reseed", "store_sequencers"]
 
 @dataclass(frozen=True, kw_only=True)
 class ReseedPlan:
-    """What :func:`plan_reseed` found (per computation, interval -> sequencer; per injector, watermark).
-
+    """What :func:`plan_reseed` found (per computation, interval -> sequencer; per injector, watermark);
     ``zookeeper``: the sequencers it would grant next; ``behind``: the floors they must reach."""
 
     pipeline: str

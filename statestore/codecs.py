@@ -1,7 +1,5 @@
-"""Codecs for user state and production values.
-
-State is stored beside the name of the codec that wrote it (state version 2 or later in the
-name, ``json@2``), so a row decodes without the computation's code.
+"""Codecs for user state and production values. State is stored beside the name of the codec that
+wrote it (``json@2``: state version 2), so a row decodes without the computation's code.
 
 >>> get_codec("json").decode(get_codec("json").encode({"n": 1}))
 {'n': 1}
@@ -129,10 +127,9 @@ class PickleCodec:
 
 
 class Int64MapCodec:
-    """msgpack, except that a non-empty dict of int64 -> int64 is stored as packed pairs.
-
-    An 8-byte header (:data:`INT64MAP_HEADER`), then (key, value) little-endian int64 pairs sorted
-    by key, so many keys' states decode and encode at once with NumPy (docs/embedding.md).
+    """msgpack, except that a non-empty dict of int64 -> int64 is stored as packed pairs: an 8-byte
+    header (:data:`INT64MAP_HEADER`), then (key, value) little-endian int64 pairs sorted by key, so
+    many keys' states decode and encode at once with NumPy (docs/embedding.md).
 
     >>> c = Int64MapCodec()
     >>> c.decode(c.encode({20: 1, 10: 2})), len(c.encode({20: 1, 10: 2})), c.decode(c.encode(["k", 1]))
@@ -171,9 +168,8 @@ _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
 def int64map_columns(blobs: Any) -> tuple[Any, Any, Any] | None:
-    """An Arrow binary array of int64map states as int64 columns (row index, key, value).
-
-    Rows in order, pairs sorted by key, a null row has none; None when a non-null row is msgpack."""
+    """An Arrow binary array of int64map states as int64 columns (row index, key, value), in row and key
+    order (a null row has none); None when a non-null row is msgpack."""
     import numpy as np
     import pyarrow as pa
 
@@ -200,9 +196,8 @@ def int64map_columns(blobs: Any) -> tuple[Any, Any, Any] | None:
     npairs = (lv - 8) // 16
     rows = np.repeat(np.flatnonzero(valid), npairs)
     # each pair's first word: its row's first pair word + 2 * its place in the row
-    first = np.repeat(starts // 8 + 1, npairs)
     within = np.arange(len(rows)) - np.repeat(np.cumsum(npairs) - npairs, npairs)
-    at = first + 2 * within
+    at = np.repeat(starts // 8 + 1, npairs) + 2 * within
     return rows.astype(np.int64), words[at].astype(np.int64), words[at + 1].astype(np.int64)
 
 
@@ -219,9 +214,8 @@ def int64map_blobs(rows: Any, keys: Any, values: Any, n: int) -> Any:
     starts = ends - words_per
     has = npairs > 0
     out[starts[has]] = _HEADER_WORD
-    first = np.repeat(starts + 1, npairs)
     within = np.arange(len(rows)) - np.repeat(np.cumsum(npairs) - npairs, npairs)
-    at = first + 2 * within
+    at = np.repeat(starts + 1, npairs) + 2 * within
     out[at] = keys
     out[at + 1] = values
     offsets = np.concatenate([[0], ends * 8]).astype(np.int32)
@@ -233,8 +227,8 @@ def int64map_blobs(rows: Any, keys: Any, values: Any, n: int) -> Any:
 def msgpack_rows(*columns: Any) -> Any:
     """Row i of ``columns`` as one msgpack array, byte for byte what the msgpack codec gives that list.
 
-    Returns a ``pyarrow.BinaryArray`` without nulls, one value per row, with no Python call per row
-    (docs/embedding.md, "The columnar path"); floats as float64, nulls as nil.
+    A ``pyarrow.BinaryArray`` without nulls, no Python call per row (docs/embedding.md, "The columnar
+    path"); floats as float64, nulls as nil.
 
     >>> import pyarrow as pa
     >>> rows = msgpack_rows(pa.array(["k", None]), pa.array([1, -300]))
@@ -392,7 +386,7 @@ def codec_version(name: str | None) -> int:
 
 
 def get_codec(name: str, *, allow_pickle: bool = False) -> Codec:
-    """Return the codec called ``name`` (a versioned codec column, ``json@2``, names its codec too).
+    """The codec called ``name`` (a versioned codec column, ``json@2``, names its codec too).
 
     Raises:
         CodecError: unknown name, or ``pickle`` without ``allow_pickle=True``.
@@ -413,10 +407,8 @@ def get_codec(name: str, *, allow_pickle: bool = False) -> Codec:
 
 
 def codec_of_row(row_codec: str | None, codec: Codec) -> Codec:
-    """The codec that reads a row's stored state: the one its codec column names, else ``codec``.
-
-    So a computation whose ``codec`` changed without a new ``state_version`` reads its rows as
-    written. Pickle only where ``codec`` is pickle (the computation opted in).
+    """The codec that reads a row's stored state: the one its codec column names (so a changed ``codec``
+    reads old rows as written), else ``codec``. Pickle only where ``codec`` is pickle (opted in).
 
     >>> codec_of_row("json", get_codec("msgpack")).decode(b"1"), get_codec("msgpack").decode(b"1")
     (1, 49)

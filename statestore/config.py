@@ -13,15 +13,10 @@ DEFAULT_ZK_PORT = 2181
 
 @dataclass(frozen=True)
 class ZkConfig:
-    """How to reach ZooKeeper.
-
-    Attributes:
-        chroot: every znode deltawheel creates lives below this path.
-        digest: optional ``user:password``; lease znodes then carry a digest ACL.
-        session_timeout_s: a shorter disconnection only pauses commits, a longer one expires the
-            session (LeaseLostError); how long a killed instance's leases stay held. The server
-            caps it (the embedded one at 60 s).
-    """
+    """How to reach ZooKeeper: every znode deltawheel creates lives below ``chroot``; with ``digest``
+    (``user:password``) lease znodes carry a digest ACL. A disconnection shorter than
+    ``session_timeout_s`` only pauses commits, a longer one expires the session (LeaseLostError); it
+    is how long a killed instance's leases stay held (the server caps it, the embedded one at 60 s)."""
 
     hosts: str = f"127.0.0.1:{DEFAULT_ZK_PORT}"
     chroot: str = "/deltawheel"

@@ -83,9 +83,8 @@ def disk_full(exc: BaseException) -> bool:
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        if isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if "No space left on device" in str(cur):
+        if (isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, errno.EDQUOT)) \
+                or "No space left on device" in str(cur):
             return True
         cur = cur.__cause__ or cur.__context__
     return False
@@ -93,9 +92,6 @@ def disk_full(exc: BaseException) -> bool:
 
 class FatalError(DeltaWheelError):
     """Retrying the same call will fail again; input or configuration must change."""
-
-
-# --- coordination -----------------------------------------------------------
 
 
 class LeaseError(RetryableError):
@@ -154,9 +150,6 @@ class KafkaServerError(FatalError):
     """The local Kafka broker (``deltawheel/servers/kafka.py``) could not be started or reached."""
 
     exit_code = 8
-
-
-# --- input and storage ------------------------------------------------------
 
 
 class CodecError(FatalError):
@@ -273,9 +266,6 @@ class JavaMissingError(ConfigError):
     """No ``java`` executable: Spark (and the embedded ZooKeeper) need a Java 17+ JDK."""
 
     exit_code = 8
-
-
-# --- object storage ---------------------------------------------------------
 
 
 class ObjectStoreError(FatalError):

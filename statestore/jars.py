@@ -116,10 +116,9 @@ def ensure_delta_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> l
 
 
 def compile_jar(source: Path, jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
-    """The jar of one of deltawheel's Java classes for Delta and Spark, compiled once from ``source``.
-
-    The jar's name carries the digest of the source and the jars compiled against; a wheel's bundled
-    jar of that name is used as it is. None (with a warning) when no ``javac`` is installed.
+    """The jar of one of deltawheel's Java classes for Delta and Spark, compiled once from ``source``
+    (named by the digest of the source and the jars compiled against; a wheel's bundled jar of that
+    name is used as it is). None (with a warning) when no ``javac`` is installed.
 
     Raises:
         JarFetchError: ``javac`` failed, or the Delta jars could not be fetched.

@@ -87,14 +87,9 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 
 
 class DetachedProcess:
-    """One service process, known by its pid file and its command line.
-
-    Args:
-        name: for messages (e.g. ``"Spark worker 1"``).
-        marker: in its command line (the main class): a pid file's process without it is stale.
-        error: the type raised for failures.
-        prefix: put before every command (e.g. ``ip netns exec NS``); its ``exec`` chain keeps the pid.
-    """
+    """One service process (``name``, for messages), known by its pid file and its command line:
+    one without ``marker`` (the main class) is stale. ``error``: the type raised for failures;
+    ``prefix``: put before every command (``ip netns exec NS``; its ``exec`` chain keeps the pid)."""
 
     def __init__(self, name: str, *, pid_file: Path, log_file: Path, marker: str,
                  error: type[DeltaWheelError], prefix: Sequence[str] = ()) -> None:

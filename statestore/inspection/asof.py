@@ -32,10 +32,9 @@ class AsOf:
 
     def describe(self, layout: StoreLayout) -> str:
         """One line naming every table's version."""
-        when = dt.datetime.fromtimestamp(self.instant_ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
         parts = [f"{p[len(layout.root) + 1:]} " + ("(not yet created)" if v is None else f"v{v}")
                  for p, v in sorted(self.versions.items())]
-        return f"as of {self.asked}: {when}; " + ", ".join(parts)
+        return f"as of {self.asked}: {_iso(self.instant_ms)}; " + ", ".join(parts)
 
 
 def parse_as_of(value: str) -> int | dt.datetime:
@@ -66,8 +65,7 @@ def table_versions(spark: Any, path: str) -> list[tuple[int, int]]:
 
 
 def _at(history: list[tuple[int, int]], instant_ms: int) -> int | None:
-    found = [v for v, ms in history if ms <= instant_ms]
-    return found[-1] if found else None
+    return max((v for v, ms in history if ms <= instant_ms), default=None)
 
 
 def resolve_as_of(spark: Any, layout: StoreLayout, value: str, tables: list[str]) -> AsOf:
@@ -94,11 +92,8 @@ def resolve_as_of(spark: Any, layout: StoreLayout, value: str, tables: list[str]
             raise VersionNotFoundError(f"the rows table has no version at or before {_iso(instant)}: {span}. "
                                        "Pick a later time")
         rows_version = found
-    versions: dict[str, int | None] = {layout.rows: rows_version}
-    for path in tables:
-        if path != layout.rows:
-            versions[path] = _at(table_versions(spark, path), instant)
-    return AsOf(value, instant, rows_version, versions)
+    versions = {p: _at(table_versions(spark, p), instant) for p in tables if p != layout.rows}
+    return AsOf(value, instant, rows_version, {layout.rows: rows_version, **versions})
 
 
 def store_tables(spark: Any, layout: StoreLayout) -> list[str]:

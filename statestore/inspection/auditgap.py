@@ -1,7 +1,5 @@
-"""Audit rows missing for tools' rows commits, rebuilt from the commits' metadata (read only).
-
-A tool that died between its rows commit and its audit row (``surgery/audit.py``) leaves such a
-gap; the rebuilt rows carry ``"recovered": true`` in ``detail``."""
+"""Audit rows a tool that died after its rows commit did not append (``surgery/audit.py``), rebuilt
+read-only from the commits' metadata with ``"recovered": true`` in ``detail``."""
 
 from __future__ import annotations
 
@@ -9,9 +7,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..delta.log import commit_infos, user_metadata
 from ..layout import StoreLayout
 
-__all__ = ["RECOVERED_DETAIL", "AuditGap", "audit_gap", "missing_audit_rows", "AUDIT_FORMAT_VERSION"]
+__all__ = ["RECOVERED_DETAIL", "AuditGap", "audit_gap", "AUDIT_FORMAT_VERSION"]
 
 AUDIT_FORMAT_VERSION = 1
 
@@ -41,23 +40,14 @@ class AuditGap:
     read: int
 
 
-def missing_audit_rows(spark: Any, layout: StoreLayout, *, rows_version: int | None = None,
-                       audit_version: int | None = None, audit_existed: bool = True) -> list[dict[str, Any]]:
-    """The audit rows missing for tools' commits, oldest first; commits past the log's retention unseen.
-
-    ``rows_version`` / ``audit_version``: as of those (default newest); ``audit_existed`` False: all."""
-    return audit_gap(spark, layout, rows_version=rows_version, audit_version=audit_version,
-                     audit_existed=audit_existed).rows
-
-
 def audit_gap(spark: Any, layout: StoreLayout, *, after_version: int | None = None, rows_version: int | None = None,
               audit_version: int | None = None, audit_existed: bool = True) -> AuditGap:
-    """:func:`missing_audit_rows` of the commits after ``after_version`` (None: all; gc keeps it)."""
+    """The audit rows missing for tools' commits after ``after_version`` (None: all; gc keeps it), oldest
+    first; commits past the log's retention unseen. ``rows_version`` / ``audit_version``: as of those
+    (default newest); ``audit_existed`` False: every tool's commit counts as missing."""
     have = (_audit_ids(spark, layout, audit_version) if audit_existed else None) or set()
     commits, read = None, 0
     if after_version is not None:
-        from ..delta.log import commit_infos
-
         infos = commit_infos(layout.rows, after=after_version)
         if infos is not None:
             commits = [(v, int(i.get("timestamp") or 0), i.get("userMetadata")) for v, i in infos]
@@ -71,12 +61,8 @@ def audit_gap(spark: Any, layout: StoreLayout, *, after_version: int | None = No
     commits = sorted(c for c in commits if rows_version is None or c[0] <= rows_version)
     out = []
     for version, ts_ms, text in commits:
-        try:
-            meta = json.loads(text) if text else None
-        except ValueError:
-            continue  # another writer's free text
-        if not isinstance(meta, dict) or not meta.get("tool") or not meta.get("audit_id") \
-                or str(meta["audit_id"]) in have:
+        meta = user_metadata(text)  # None: another writer's free text
+        if meta is None or not meta.get("tool") or not meta.get("audit_id") or str(meta["audit_id"]) in have:
             continue
         raw = meta.get("sequencers")
         seqs: dict[str, Any] = raw if isinstance(raw, dict) else {}

@@ -1,7 +1,5 @@
-"""Damage to a store's Delta logs, found before a writer starts instead of after.
-
-A deleted newest commit silently rolls a Delta table back, a truncated one fails deep inside a
-read; so an executor checks a local store before it takes its leases (docs/store-damage.md)."""
+"""Damage to a local store's Delta logs (a deleted newest commit silently rolls a table back), found
+before an executor takes its leases instead of deep inside a read (docs/store-damage.md)."""
 
 from __future__ import annotations
 

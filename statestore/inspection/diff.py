@@ -1,11 +1,11 @@
-"""Read-only: the difference between one computation's state in two stores, and its productions.
-
-Key by key (state, timers, pending productions; not record ids), and productions matched by
-(stream, key, event time); in Spark, only counts and samples reach the driver. docs/replay.md."""
+"""Read-only: the difference between one computation's state in two stores key by key (state, timers,
+pending productions; not record ids), and its productions matched by (stream, key, event time); in
+Spark, only counts and samples reach the driver (docs/replay.md)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, Collection
@@ -142,13 +142,10 @@ def _state_diff(spark: Any, a: Any, b: Any, counts: dict[str, int],
             if not counts[k]:
                 continue
             rows = j.where(conds[k]).orderBy("key").limit(SAMPLE).collect()
-            samples[k] = [{
-                "key": r["key"],
-                "a": _decode(r["a_state"], r["a_codec"]) if k != "timers" and k != "pending" else None,
-                "b": _decode(r["b_state"], r["b_codec"]) if k != "timers" and k != "pending" else None,
-                **({"a_timers": r["a_timers"], "b_timers": r["b_timers"]} if k == "timers" else {}),
-                **({"a_pending": r["a_pending"], "b_pending": r["b_pending"]} if k == "pending" else {}),
-            } for r in rows]
+            state = k not in ("timers", "pending")  # else the sample shows that column of A and B
+            samples[k] = [{"key": r["key"], "a": _decode(r["a_state"], r["a_codec"]) if state else None,
+                           "b": _decode(r["b_state"], r["b_codec"]) if state else None,
+                           **({} if state else {f"a_{k}": r[f"a_{k}"], f"b_{k}": r[f"b_{k}"]})} for r in rows]
     finally:
         j.unpersist()
 
@@ -173,9 +170,7 @@ def _productions(spark: Any, layout: StoreLayout, computation: str, streams: Col
         frames.append(df.select(F.lit(s).alias("stream"), "key", "timestamp_ms", "value", "codec"))
     if not frames:
         return None
-    out = frames[0]
-    for f in frames[1:]:
-        out = out.unionByName(f)
+    out = functools.reduce(lambda x, y: x.unionByName(y), frames)
     # several productions of one (stream, key, event time): compared as a sorted list of values
     return out.groupBy("stream", "key", "timestamp_ms").agg(
         F.array_sort(F.collect_list(F.hex("value"))).alias("values"), F.first("codec").alias("codec"))
@@ -220,14 +215,11 @@ def diff_stores(spark: Any, a: StoreLayout, b: StoreLayout, computation: str, *,
                 intervals: Collection[int] | None = None, num_intervals: int | None = None,
                 exclude_commits: Collection[str] = (), seed_version: int | None = None,
                 seed_intervals: Collection[int] = ()) -> StoreDiff:
-    """The difference of ``computation``'s rows and productions to ``streams`` between ``a`` and ``b``.
-
-    Args:
-        version_a: store A as of this version (None: newest); ``version_b`` likewise.
-        intervals: only those (of ``num_intervals``); ``keys``, ``batch_ids``: only those.
-        exclude_commits: commit ids whose productions are left out (a flush's).
-        seed_version: B is a replay seeded from A at this version: in ``seed_intervals`` B's rows
-            without pending are compared with A's pending as of it.
+    """The difference of ``computation``'s rows and productions to ``streams`` between ``a`` and ``b``
+    (as of ``version_a`` / ``version_b``; None: newest), only of ``keys``, ``intervals`` (of
+    ``num_intervals``) and ``batch_ids`` if given, without the productions of ``exclude_commits`` (a
+    flush's). ``seed_version``: B is a replay seeded from A then: in ``seed_intervals`` B's rows
+    without pending are compared with A's pending as of it.
 
     Raises:
         NotAStoreError: a store has no rows table.
@@ -258,11 +250,9 @@ def format_diff(d: StoreDiff) -> str:
     lines = [f"diff of {d.computation}: A = {d.store_a}" + (f" @ v{d.version_a}" if d.version_a is not None else "")
              + f", B = {d.store_b}" + (f" @ v{d.version_b}" if d.version_b is not None else ""),
              f"{'what':<22}{'count':>8}"]
-    for k in STATE_KINDS + PRODUCTION_KINDS:
-        lines.append(f"{k:<22}{d.counts.get(k, 0):>8}")
+    lines += [f"{k:<22}{d.counts.get(k, 0):>8}" for k in STATE_KINDS + PRODUCTION_KINDS]
     lines += [f"note: {n}" for n in d.notes]
     lines.append("no difference" if d.empty else "samples (A -> B):")
-    for k, rows in d.samples.items():
-        for r in rows:
-            lines.append(f"  {k}: {json.dumps(r, sort_keys=True, default=str)}")
+    lines += [f"  {k}: {json.dumps(r, sort_keys=True, default=str)}"
+              for k, rows in d.samples.items() for r in rows]
     return "\n".join(lines)

@@ -1,8 +1,5 @@
-"""A key's versions (or every key's), read from the rows table's Delta log without Spark.
-
-Commits are walked oldest first; a moved row is read whole only when its stamp columns changed.
-History starts at version 0 or the oldest checkpoint every later commit follows, and needs old
-versions' data files (not vacuumed). docs/history.md, "How history is read"."""
+"""A key's versions (or every key's), read from the rows table's Delta log without Spark, from
+version 0 or the oldest checkpoint every later commit follows (docs/history.md, "How history is read")."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ from typing import Any, Iterator, Mapping
 
 from ..delta.checkpoints import CHECKPOINT_NAME, checkpoint_actions, newest_checkpoint
 from ..delta.deletionvectors import deleted_rows
-from ..delta.log import _commit_versions, damaged_entry
+from ..delta.log import _commit_versions, damaged_entry, user_metadata
 from ..delta.storefs import TableFiles
 from ..delta.txn import decode_path
 from ..exceptions import (
@@ -157,8 +154,7 @@ class _Table:
 
     def forget(self, live: set[str]) -> None:
         """Drop what was read of files no longer live (a history of every key reads them all)."""
-        for path in [p for p in self._keys if p not in live]:
-            del self._keys[path]
+        self._keys = {p: keys for p, keys in self._keys.items() if p in live}
 
     def rows(self, path: str, indexes: list[int], *, columns: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
         """The rows at ``indexes`` of a file (only ``columns``: None, every column)."""
@@ -212,12 +208,8 @@ def _commit_facts(version: int, lines: list[str], file: str, mtime_ms: int) -> t
             info = act["commitInfo"]
         elif "add" in act or "remove" in act:
             actions.append(act)
-    try:
-        meta = json.loads(info.get("userMetadata") or "{}")
-    except ValueError:
-        meta = {}
     ts = int(info.get("inCommitTimestamp") or mtime_ms or info.get("timestamp") or 0)
-    return Commit(version, ts, info.get("operation"), meta if isinstance(meta, dict) else {}), actions
+    return Commit(version, ts, info.get("operation"), user_metadata(info.get("userMetadata")) or {}), actions
 
 
 class _Walk:
@@ -247,11 +239,8 @@ class _Walk:
         old = self.apart_of.pop(path, None)
         if old is not None:
             for k, n in old[1].items():
-                left = self.apart[(old[0], k)] - n
-                if left:
+                if left := self.apart.pop((old[0], k)) - n:
                     self.apart[(old[0], k)] = left
-                else:
-                    del self.apart[(old[0], k)]
         p = None if add is None else self.part(add)
         if add is None or p is None:
             return

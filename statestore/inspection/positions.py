@@ -3,10 +3,10 @@ batch commits after V; a tool's change is in no replay (:func:`tool_changes`), c
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from ..delta.log import user_metadata
 from ..exceptions import NotAStoreError, ReplayUnavailableError
 from ..layout import StoreLayout
 from ..rowtable.inputfiles import entry_of, kafka_of
@@ -93,13 +93,10 @@ def commits_since(spark: Any, layout: StoreLayout, computation: str, *, after: i
             if (c := _commit(v, int(info.get("timestamp") or 0), info.get("userMetadata"), computation)) is not None]
 
 
-def _commit(version: int, timestamp_ms: int, user_metadata: object, computation: str) -> ComputationCommit | None:
+def _commit(version: int, timestamp_ms: int, user_meta: object, computation: str) -> ComputationCommit | None:
     """The commit of ``computation`` a rows-table version is (None: another's, or not deltawheel's)."""
-    try:
-        meta = json.loads(user_metadata) if isinstance(user_metadata, str) and user_metadata else None
-    except ValueError:
-        meta = None
-    if not isinstance(meta, dict) or meta.get("computation") != computation:
+    meta = user_metadata(user_meta)
+    if meta is None or meta.get("computation") != computation:
         return None
     entry = entry_of(meta)
     late_entry = meta.get("late")

@@ -75,9 +75,8 @@ def _show_tables_query(names: Sequence[str]) -> str:
 
 def read_only_session(spark: Any, prepare: Callable[[Any], Any],
                       table_names: Callable[[], Sequence[str]] | None = None) -> Any:
-    """A new session of ``spark``'s application whose every statement :func:`check_read_only` checks.
-
-    Checked once parsed (before Spark or Delta analyse a write) and once analysed, through py4j's
+    """A new session of ``spark``'s application whose every statement :func:`check_read_only` checks:
+    once parsed (before Spark or Delta analyse a write) and once analysed, through py4j's
     callback server; ``prepare(session)`` runs first, unchecked. With ``table_names``, ``SHOW TABLES``
     lists them in its first column (where BI tools' Hive dialect looks)."""
     from pyspark.java_gateway import ensure_callback_server_started

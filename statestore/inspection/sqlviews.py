@@ -1,7 +1,5 @@
-"""SQL over a store: decoded temporary views, query formatting, one-key inspection.
-
-Every query is first checked to only read (:mod:`.readonly`); the views: ``views.py`` and
-docs/tables.md, "Views"."""
+"""SQL over a store: decoded temporary views (``views.py``, docs/tables.md, "Views"), query
+formatting, one-key inspection. Every query is first checked to only read (:mod:`.readonly`)."""
 
 from __future__ import annotations
 
@@ -17,9 +15,8 @@ from typing import Any, Iterable, Literal, Sequence, TextIO
 from ..exceptions import ConfigError
 from ..layout import StoreLayout
 from ..rowtable.rows import KeyRow
-from .decoding import decode_json_text, decode_value
 from .readonly import check_read_only
-from .views import register_views
+from .views import decode_json_text, decode_value, register_views
 
 __all__ = ["FORMATS", "decode_value", "decode_json_text", "register_views", "TABLE_MAX_ROWS", "SqlResult",
            "sql_frame", "write_sql", "run_sql", "format_rows", "inspect_key", "row_json"]
@@ -223,14 +220,10 @@ def inspect_key(spark: Any, layout: StoreLayout, *, computation: str, key: str,
             raise ConfigError(f"{layout.root}: this store's rows can only be read through Spark; pass a session")
         from pyspark.sql import functions as F
 
-        df = spark.read.format("delta").load(layout.rows).where(
-            (F.col("computation") == F.lit(computation)) & (F.col("key") == F.lit(key))
-        )
-        rows = df.collect()
+        rows = spark.read.format("delta").load(layout.rows).where(
+            (F.col("computation") == F.lit(computation)) & (F.col("key") == F.lit(key))).collect()
         local = KeyRow.from_row(rows[0]) if rows else None
-    if local is None:
-        return None
-    return row_json(local, allow_pickle=allow_pickle)
+    return None if local is None else row_json(local, allow_pickle=allow_pickle)
 
 
 def row_json(row: KeyRow, *, allow_pickle: bool = False) -> dict[str, Any]:
@@ -238,18 +231,13 @@ def row_json(row: KeyRow, *, allow_pickle: bool = False) -> dict[str, Any]:
     return {
         "computation": row.computation, "key": row.key, "interval": row.interval, "codec": row.codec,
         "state": decode_value(row.codec, row.state, allow_pickle=allow_pickle),
-        "timers": [
-            {"tag": t.tag, "domain": t.domain.value, "time_ms": t.time_ms,
-             "fire_time": dt.datetime.fromtimestamp(t.time_ms / 1000, dt.UTC).isoformat()}
-            for t in row.timers
-        ],
+        "timers": [{"tag": t.tag, "domain": t.domain.value, "time_ms": t.time_ms,
+                    "fire_time": dt.datetime.fromtimestamp(t.time_ms / 1000, dt.UTC).isoformat()}
+                   for t in row.timers],
         "record_ids": [{"record_id": s.record_id, "seen_ms": s.seen_ms} for s in row.record_ids],
-        "pending": [
-            {"production_id": p.production_id, "stream": p.stream, "key": p.key, "codec": p.codec,
-             "value": decode_value(p.codec, p.value, allow_pickle=allow_pickle),
-             "timestamp_ms": p.timestamp_ms}
-            for p in row.pending
-        ],
+        "pending": [{"production_id": p.production_id, "stream": p.stream, "key": p.key, "codec": p.codec,
+                     "value": decode_value(p.codec, p.value, allow_pickle=allow_pickle),
+                     "timestamp_ms": p.timestamp_ms} for p in row.pending],
         "watermark_hold_ms": row.watermark_hold_ms, "sequencer": row.sequencer, "commit_id": row.commit_id,
         "updated_ms": row.updated_ms, "format_version": row.format_version,
     }

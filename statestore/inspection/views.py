@@ -1,30 +1,82 @@
 """The store's decoded temporary views, each defined on a session when a statement first needs it.
 
 Only the views a statement names are defined, so the costly ones (``audit``, ``state_history``)
-cost only when used. Views are SQL text: each query reads the tables' latest Delta version."""
+cost only when used. Views are SQL text: each query reads the tables' latest Delta version.
+Stored values decode for display (``dw_decode``, ``inspect``) as JSON; a bad value shows as ``<...>``."""
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from typing import Any, Callable, Iterable, Mapping
 
+from ..codecs import base_name, get_codec
 from ..comments import STREAM, VALUE_JSON, VIEWS, view_columns
-from ..exceptions import ConfigError
+from ..delta.log import local_table_exists
+from ..exceptions import CodecError, ConfigError
 from ..layout import StoreLayout
 from ..rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
 from ..sqltext import sql_path, sql_str
 from ..tabledefs import AUDIT_COLUMNS, DEAD_LETTERS_COLUMNS, LATE_DATA_COLUMNS
 from ..writepath.streams import BUILTIN_VIEWS, list_streams
 from .asof import AsOf
-from .auditgap import missing_audit_rows
-from .decoding import decode_json_text
+from .auditgap import audit_gap
 
-__all__ = ["StoreViews", "named_views", "register_views"]
+__all__ = ["StoreViews", "named_views", "register_views", "decode_value", "decode_json_text"]
 
 #: the views of the rows table, in the order they are defined (each reads ``rows`` or the table)
 _ROWS_VIEWS = ("rows", "state", "timers", "pending_productions", "fences", "state_history")
 #: the side tables: an empty view of their columns before the table exists
 _SIDE_TABLES = ("dead_letters", "late_data", "audit")
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with bytes, tuples, sets and odd keys made JSON-friendly."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"$bytes_b64": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
+
+
+def _decode(codec: str, data: bytes, *, allow_pickle: bool) -> tuple[bool, Any]:
+    """(True, JSON-friendly value) or (False, a ``<...>`` placeholder string)."""
+    if base_name(codec) == "pickle" and not allow_pickle:
+        return False, f"<pickle: {len(data)} bytes>"
+    try:
+        return True, _jsonable(get_codec(codec, allow_pickle=allow_pickle).decode(data))
+    except CodecError:
+        return False, f"<undecodable {codec}: {len(data)} bytes>"
+
+
+def decode_value(codec: str, data: bytes | None, *, allow_pickle: bool = False) -> Any:
+    """Decode ``data`` for display: a JSON-friendly value, or a ``<...>`` placeholder; never raises.
+
+    >>> decode_value("json", b'{"n": 1}')
+    {'n': 1}
+    >>> decode_value("pickle", b"12345")
+    '<pickle: 5 bytes>'
+    """
+    if data is None:
+        return None
+    return _decode(codec, bytes(data), allow_pickle=allow_pickle)[1]
+
+
+def decode_json_text(codec: str, data: bytes | None, *, allow_pickle: bool = False) -> str | None:
+    """Like :func:`decode_value` but as JSON text (placeholders stay plain, non-JSON text).
+
+    >>> decode_json_text("json", b'{"b":2,"a":1}')
+    '{"a": 1, "b": 2}'
+    """
+    if data is None:
+        return None
+    ok, value = _decode(codec, bytes(data), allow_pickle=allow_pickle)
+    return json.dumps(value, sort_keys=True, ensure_ascii=False) if ok else str(value)
 
 
 def named_views(statement: str, names: Iterable[str]) -> list[str]:
@@ -38,9 +90,8 @@ def named_views(statement: str, names: Iterable[str]) -> list[str]:
 
 
 class StoreViews:
-    """The views of the store ``layout`` on ``spark``, defined as :meth:`ensure` asks.
-
-    ``as_of`` (:func:`.asof.resolve_as_of`): every view reads its table at that version (a table
+    """The views of the store ``layout`` on ``spark``, defined as :meth:`ensure` asks. ``as_of``
+    (:func:`.asof.resolve_as_of`): every view reads its table at that version (a table
     without one gets no view, the side tables an empty one). ``rows_source``: SQL naming a relation
     with the rows table's columns, read in its place.
 
@@ -110,8 +161,6 @@ class StoreViews:
     def _source(self, path: str) -> str | None:
         """The SQL naming the Delta table at ``path`` (at ``as_of``'s version); None: no table."""
         if self.as_of is None:
-            from ..delta.log import local_table_exists
-
             exists = local_table_exists(path)  # a local table: its log's files, no JVM call
             if exists is None:
                 from delta.tables import DeltaTable
@@ -227,13 +276,10 @@ class StoreViews:
     def _audit_gap(self) -> list[dict[str, Any]]:
         """The audit rows missing for tools' rows commits (``auditgap.py``), as of ``as_of``."""
         if self.as_of is None:
-            return missing_audit_rows(self.spark, self.layout)
-        rows_v = self.as_of.version_of(self.layout.rows)
-        if rows_v is None:
-            return []
+            return audit_gap(self.spark, self.layout).rows
         audit_v = self.as_of.version_of(self.layout.audit)
-        return missing_audit_rows(self.spark, self.layout, rows_version=rows_v, audit_version=audit_v,
-                                  audit_existed=audit_v is not None)
+        return audit_gap(self.spark, self.layout, rows_version=self.as_of.rows_version, audit_version=audit_v,
+                         audit_existed=audit_v is not None).rows
 
     def _decoded(self, stream: str) -> None:
         self._decoder()

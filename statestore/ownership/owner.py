@@ -56,9 +56,7 @@ class IntervalOwner:
             CoordinatorStateLostError: ZooKeeper lost the pipeline's state; nothing was fenced.
         """
         ivs = sorted(set(range(self.num_intervals) if intervals is None else intervals))
-        unbound_fences: dict[int, int] | None = None
-        if not self._bound:
-            unbound_fences = self._bind()
+        unbound_fences = None if self._bound else self._bind()
         before = self.leases.held(self.computation)
         grants = self.leases.acquire(self.computation, ivs, wait_s=wait_s)
         if self.on_granted is not None:

@@ -1,7 +1,5 @@
-"""Re-seeding ZooKeeper from the store after ZooKeeper lost a pipeline's state.
-
-Run it with every copy of the pipeline stopped; it only raises values, so a repeat changes
-nothing. docs/coordinator-recovery.md, "Lost ZooKeeper data"."""
+"""Re-seeding ZooKeeper from the store after ZooKeeper lost a pipeline's state, with every copy of the
+pipeline stopped; it only raises values, so a repeat changes nothing (docs/coordinator-recovery.md)."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ __all__ = ["ReseedPlan", "plan_reseed", "apply_reseed", "store_sequencers"]
 
 @dataclass(frozen=True, kw_only=True)
 class ReseedPlan:
-    """What :func:`plan_reseed` found (per computation, interval -> sequencer; per injector, watermark).
-
+    """What :func:`plan_reseed` found (per computation, interval -> sequencer; per injector, watermark);
     ``zookeeper``: the sequencers it would grant next; ``behind``: the floors they must reach."""
 
     pipeline: str

@@ -46,8 +46,6 @@ class SparkSettings:
 
 
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-
-
 JAVA_HINT = ("install a Java 17 (or newer) JDK -- e.g. `apt-get install openjdk-17-jdk-headless`, "
              "`dnf install java-17-openjdk-devel` or `brew install openjdk@17` -- or set JAVA_HOME to one")
 
@@ -101,8 +99,11 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     if store_jar is not None:
         jars.append(store_jar)
     s3_jars = _object_store_jars(settings.object_store)
-    jars.extend(s3_jars)
-    jars.extend(_kafka_jars(settings.kafka))
+    jars += s3_jars
+    if settings.kafka is not False:  # Spark's Kafka connector (docs/sources.md)
+        from .connectors import ensure_kafka_jars, kafka_jars_present
+
+        jars += ensure_kafka_jars() if settings.kafka else kafka_jars_present()
     warehouse = Path(tempfile.gettempdir()) / f"deltawheel-warehouse-{os.getpid()}"
     builder = (
         SparkSession.builder.master(settings.master)
@@ -144,9 +145,7 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
             "spark.hadoop.javax.jdo.option.ConnectionURL",
             f"jdbc:derby:memory:deltawheel-{os.getpid()};create=true",
         )
-    for k, v in _object_store_conf().items():
-        builder = builder.config(k, v)
-    for k, v in settings.extra.items():
+    for k, v in {**_object_store_conf(), **settings.extra}.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(settings.log_level)
@@ -200,12 +199,10 @@ def missing_settings(have: Mapping[str, str | None], store: str) -> list[str]:
     >>> missing_settings({"spark.sql.extensions": "a.B"}, "s3a://b/s")[0]
     'spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension (it is a.B)'
     """
-    missing = []
-    for key, value in session_settings(store).items():
-        current = have.get(key) or ""
-        if value not in [v.strip() for v in current.split(",")]:
-            missing.append(f"{key}={value}" + (f" (it is {current})" if current else " (unset)"))
-    return missing
+    want = session_settings(store)
+    now = {key: have.get(key) or "" for key in want}
+    return [f"{key}={value}" + (f" (it is {now[key]})" if now[key] else " (unset)")
+            for key, value in want.items() if value not in [v.strip() for v in now[key].split(",")]]
 
 
 def check_session(spark: Any, store: str) -> None:
@@ -242,21 +239,11 @@ def _object_store_jars(wanted: bool | None) -> list[Path]:
         return []
     store = ensure_zk_log_store_jar()
     manager = ensure_checkpoint_manager_jar() if store is not None else None
-    if store is None or manager is None:  # no javac: no object-store tables rather than unsafe commits
-        if wanted:
-            raise JarFetchError("object-store tables need deltawheel's log store for s3a://, compiled with javac: "
-                                "install a JDK (17+) or build the session with SparkSettings(object_store=None)")
-        return []
-    return [*jars, store, manager]
-
-
-def _kafka_jars(wanted: bool | None) -> list[Path]:
-    """Spark's Kafka connector jars for ``SparkSettings.kafka`` (docs/sources.md)."""
-    if wanted is False:
-        return []
-    from .connectors import ensure_kafka_jars, kafka_jars_present
-
-    return ensure_kafka_jars() if wanted else kafka_jars_present()
+    if (store is None or manager is None) and wanted:  # no javac: no object-store tables, not unsafe commits
+        raise JarFetchError("object-store tables need deltawheel's log store for s3a://, compiled with "
+                            "javac: install a JDK (17+) or build the session with "
+                            "SparkSettings(object_store=None)")
+    return [] if store is None or manager is None else [*jars, store, manager]
 
 
 def _object_store_conf() -> dict[str, str]:

@@ -1,6 +1,5 @@
-"""The audit table ``<store>/_audit``: one row per change a tool made to a live computation's rows.
-
-The tool's rows commit carries the same record, so :func:`recover_audit` can append a dead tool's row."""
+"""The audit table ``<store>/_audit``: one row per change a tool made to a live computation's rows; the
+tool's rows commit carries the same record, so :func:`recover_audit` can append a dead tool's row."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ..inspection.auditgap import AUDIT_FORMAT_VERSION, missing_audit_rows
+from ..inspection.auditgap import AUDIT_FORMAT_VERSION, audit_gap
 from ..layout import StoreLayout
 from ..tabledefs import AUDIT_COLUMNS
 
@@ -90,7 +89,7 @@ def recover_audit(spark: Any, layout: StoreLayout, rows: Sequence[Mapping[str, A
     """Append (idempotent by ``audit_id``) and return the audit rows missing for tools' rows commits."""
     from delta.tables import DeltaTable
 
-    rows = missing_audit_rows(spark, layout) if rows is None else list(rows)
+    rows = audit_gap(spark, layout).rows if rows is None else list(rows)
     if not rows:
         return []
     df = spark.createDataFrame(rows, AUDIT_COLUMNS)

@@ -1,21 +1,27 @@
-"""What a repair statement does to each key (:class:`Edits`), and the pieces the repair modules share."""
+"""What a repair statement does to each key (:class:`Edits`), the pieces the repair modules share,
+and the repairs of a key's timers and checkpointed productions (docs/operations.md, "Repair"; the
+state TTL's timer, tag ``\\x00ttl``, is refused: change ``state_ttl`` instead)."""
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..codecs import get_codec
 from ..exceptions import BadRecordError, CodecError, RepairStatementError
-from ..rowtable.rows import KeyRow, interval_of, validate_key
+from ..rowtable.rows import DOMAINS, KeyRow, Timer, interval_of, validate_key
+from ..sqltext import sql_str
 
 __all__ = ["Edit", "Edits", "encode_state", "set_state", "new_key_row", "check_new_key", "run_sql",
-           "check_computation"]
+           "check_computation", "RESERVED_TAG_PREFIX", "timer_edits", "pending_edits"]
 
 #: a key's row now (None: no row) -> its row after (None: no row)
 Edit = Callable[[KeyRow | None], KeyRow | None]
+#: timers whose tag starts with NUL are the framework's (the state TTL's ``\x00ttl``)
+RESERVED_TAG_PREFIX = "\x00"
 
 
 @dataclass(frozen=True)
@@ -108,8 +114,6 @@ def check_new_key(key: Any) -> str:
 
 def check_computation(text: str, computation: str) -> None:
     """Refuse (RepairStatementError) a statement whose text names another computation's rows."""
-    import re
-
     others = sorted({c for c in re.findall(r"computation\s*(?:=|==)\s*'([^']*)'", text, re.IGNORECASE)
                      if c != computation})
     if others:
@@ -132,3 +136,75 @@ def run_sql(spark: Any, query: str, *, what: str) -> list[Any]:
             raise
         raise RepairStatementError(f"the statement is not valid on {what}: "
                                    f"{str(exc).strip().splitlines()[0][:300]}") from exc
+
+
+def timer_edits(spark: Any, *, computation: str, where: str | None, time_expr: str | None) -> Edits:
+    """Delete (``time_expr`` None) or move the timers of ``computation`` the condition selects.
+
+    Raises:
+        RepairStatementError: invalid SQL; a reserved (TTL) timer selected; a NULL or fractional new time.
+    """
+    view = ("(SELECT computation, `interval`, key, t.tag, t.domain, timestamp_millis(t.time_ms) AS "
+            "fire_time, t.time_ms FROM rows LATERAL VIEW explode(timers) tt AS t WHERE computation = "
+            f"{sql_str(computation)}) AS timers")
+    new = "CAST(NULL AS BIGINT)" if time_expr is None else f"CAST(({time_expr}) AS BIGINT)"
+    rows = run_sql(spark, f"SELECT key, `interval` AS iv, tag, domain, time_ms, {new} AS new_ms "
+                          f"FROM {view} WHERE ({where or 'true'})", what="the timers view")
+    changes: dict[str, dict[tuple[str, str], int | None]] = {}
+    ivs: dict[str, int] = {}
+    for r in rows:
+        if str(r["tag"]).startswith(RESERVED_TAG_PREFIX):
+            raise RepairStatementError(f"the statement selects the state TTL timer of key {r['key']!r} (tag "
+                                       f"{r['tag']!r}), which is the framework's: change the computation's "
+                                       "state_ttl, or DELETE FROM state WHERE key = ... to drop the key")
+        if time_expr is not None and r["new_ms"] is None:
+            raise RepairStatementError(f"the new time of timer {r['tag']!r} of key {r['key']!r} is NULL: SET "
+                                       "time_ms = <epoch milliseconds> (to drop it, DELETE FROM timers)")
+        changes.setdefault(str(r["key"]), {})[(str(r["tag"]), str(r["domain"]))] = (
+            None if time_expr is None else int(r["new_ms"]))
+        ivs[str(r["key"])] = int(r["iv"])
+    return Edits({k: (ivs[k], _retime(ch)) for k, ch in changes.items()})
+
+
+def _retime(changes: dict[tuple[str, str], int | None]) -> Edit:
+    def edit(row: KeyRow | None) -> KeyRow | None:
+        if row is None:
+            return None
+        timers = []
+        for t in row.timers:
+            which = (t.tag, t.domain.value)
+            if which not in changes:
+                timers.append(t)
+            elif (ms := changes[which]) is not None:
+                timers.append(Timer(ms, t.tag, DOMAINS[t.domain.value]))
+        return row.with_(timers=tuple(timers))
+    return edit
+
+
+def pending_edits(spark: Any, *, computation: str, where: str | None) -> Edits:
+    """Drop the checkpointed productions of ``computation`` the condition selects.
+
+    Raises:
+        RepairStatementError: invalid SQL.
+    """
+    view = ("(SELECT computation, `interval`, key, p.production_id, p.stream, p.key AS out_key, "
+            "dw_decode(p.codec, p.value) AS value_json, timestamp_millis(p.timestamp_ms) AS `timestamp` "
+            f"FROM rows LATERAL VIEW explode(pending) pp AS p WHERE computation = {sql_str(computation)}) "
+            "AS pending_productions")
+    rows = run_sql(spark, f"SELECT key, `interval` AS iv, production_id FROM {view} "
+                          f"WHERE ({where or 'true'})", what="the pending_productions view")
+    drop: dict[str, set[str]] = {}
+    ivs: dict[str, int] = {}
+    for r in rows:
+        drop.setdefault(str(r["key"]), set()).add(str(r["production_id"]))
+        ivs[str(r["key"])] = int(r["iv"])
+    ids = frozenset(i for s in drop.values() for i in s)
+    return Edits({k: (ivs[k], _drop(d)) for k, d in drop.items()}, skip_delivery=ids)
+
+
+def _drop(ids: set[str]) -> Edit:
+    def edit(row: KeyRow | None) -> KeyRow | None:
+        if row is None:
+            return None
+        return row.with_(pending=tuple(p for p in row.pending if p.production_id not in ids))
+    return edit

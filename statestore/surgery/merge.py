@@ -135,11 +135,7 @@ def parse_merge(text: str) -> MergeStatement:
 
 
 def _register_source(spark: Any, stmt: MergeStatement) -> str:
-    """The source as a view name the SQL can use.
-
-    Raises:
-        RepairStatementError: the file or table cannot be read.
-    """
+    """The source as a view name the SQL can use; RepairStatementError if it cannot be read."""
     if stmt.fmt is None:
         assert stmt.name is not None
         return stmt.name

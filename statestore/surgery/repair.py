@@ -1,8 +1,6 @@
-"""Repair: a statement on a decoded view, applied to the live rows in one fenced commit under the
-leases it touches (docs/operations.md, "Repair", lists the statements).
-
-The statement is evaluated twice: once to find the leases to take (every refusal before the
-pipeline is asked), then under them (``replace.py``)."""
+"""Repair: a statement on a decoded view (docs/operations.md, "Repair"), applied to the live rows in
+one fenced commit under the leases it touches. It is evaluated twice: once to find the leases to
+take (every refusal before the pipeline is asked), then under them (``replace.py``)."""
 
 from __future__ import annotations
 
@@ -18,10 +16,9 @@ from ..layout import StoreLayout
 from ..rowtable.rows import KeyRow
 from ..sqltext import sql_str
 from ..zk.lease_tools import list_leases
-from .edits import Edits, check_computation, run_sql, set_state
+from .edits import Edits, check_computation, pending_edits, run_sql, set_state, timer_edits
 from .merge import MergeStatement, merge_edits, parse_merge
 from .replace import Held, Surgery, SurgeryResult, plan_replacement, replace_intervals
-from .sideviews import pending_edits, timer_edits
 
 __all__ = ["RepairStatement", "parse_repair", "plan_repair", "repair", "pipeline_intervals"]
 
@@ -82,11 +79,8 @@ def parse_repair(text: str) -> RepairStatement:
 
 
 def _state_edits(spark: Any, stmt: RepairStatement, computation: str) -> Edits:
-    """UPDATE / DELETE of the state view: the keys it selects, with their new state text.
-
-    Raises:
-        RepairStatementError: the statement selects another computation's rows; invalid SQL.
-    """
+    """UPDATE / DELETE of the state view: the keys it selects, with their new state text
+    (RepairStatementError: invalid SQL, or it selects another computation's rows)."""
     cond = stmt.where or "true"
     named = {r[0] for r in run_sql(spark, f"SELECT DISTINCT computation FROM state WHERE ({cond})",
                                    what="the state view")}

@@ -1,8 +1,6 @@
-"""A tool's fenced replacing write of some intervals of a live computation.
-
-:func:`replace_intervals`: hand-over request, leases and recovery, one fenced commit of what
-``build`` returns, leases back, audit record (docs/replay.md, "6. Promote"); :func:`plan_replacement`
-is its dry run."""
+"""A tool's fenced replacing write of some intervals of a live computation: hand-over request, leases
+and recovery, one fenced commit of what ``build`` returns, leases back, audit record (docs/replay.md,
+"6. Promote"); :func:`plan_replacement` is its dry run."""
 
 from __future__ import annotations
 
@@ -117,13 +115,10 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
                       timeline: Timeline | None = None) -> SurgeryResult:
     """Take ``intervals`` (None: all), commit ``build``'s rows in their place, give them back, record it.
 
-    Args:
-        before_commit: called with the tool's sequencers just before the commit (tests race it).
-        skip_delivery: ids of checkpointed productions the tool's recovery does not deliver.
-        before_audit: called with the commit's version before the audit row (tests crash there).
-        input_sets: maps the intervals' input-file sets under the leases to those that replace
-            them (gc's pruning, ``gc/inputsets.py``), committed in the same transaction.
-        timeline: records each phase and the pause (``timeline.py``).
+    ``before_commit`` gets the sequencers before the commit, ``before_audit`` the version before the
+    audit row (tests race and crash there); ``skip_delivery``: checkpointed productions not delivered;
+    ``input_sets`` maps the intervals' input-file sets under the leases to those that replace them in
+    the same commit (gc's pruning); ``timeline`` records each phase and the pause.
 
     Raises:
         LeaseHeldError: ``no_wait`` and a live owner holds an interval, still held after ``wait_s``,

@@ -116,9 +116,8 @@ class Timeline:
     def pause_line(self) -> str | None:
         """How long the live stage was paused, from when to when (None: it was not)."""
         start, end = self._paused or (0, None)
-        if end is None:
-            return None
-        return f"the live stage was paused {(end - start) / 1000:.1f}s (from +{start / 1000:.1f}s to +{end / 1000:.1f}s)"
+        return None if end is None else (f"the live stage was paused {(end - start) / 1000:.1f}s "
+                                         f"(from +{start / 1000:.1f}s to +{end / 1000:.1f}s)")
 
     def describe(self) -> str:
         """Every phase, a line each, then the pause."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
@@ -63,10 +63,6 @@ class EngineResult:
         return {**asdict(self), "settings": dict(self.settings), "notes": list(self.notes),
                 "batch_s": list(self.batch_s), "rounds_records_per_s": list(self.rounds_records_per_s),
                 "peak_memory": dict(self.peak_memory) if self.peak_memory is not None else None}
-
-    def with_(self, **changes: Any) -> EngineResult:
-        """A copy of this result with the given fields replaced."""
-        return replace(self, **changes)
 
 
 class Engine(Protocol):

@@ -111,11 +111,7 @@ class Servers:
         self._s3: Any = None
         self.toxiproxy: Any = None
         self.s3_url: str | None = None
-
-    @property
-    def zk_hosts(self) -> str:
-        """The ZooKeeper connection string (every server of an ensemble)."""
-        return str(self._zk.hosts)
+        self.zk_hosts = ""  # the ZooKeeper connection string (every server of an ensemble), once started
 
     def leader_hosts(self) -> str:
         """``host:port`` of the server whose zxid counts the writes (the leader of an ensemble)."""
@@ -135,6 +131,7 @@ class Servers:
         self._zk = (ZooKeeperEnsemble(self.root / f"_zk-{tag}") if self.ensemble
                     else EmbeddedZooKeeper(self.root / f"_zk-{tag}", port=free_ports(1)[0]))
         self._zk.start()
+        self.zk_hosts = str(self._zk.hosts)
         if self.object_store:
             from deltawheel.servers.s3proxy import S3ProxyServer
             from deltawheel.servers.toxiproxy import ToxiproxyServer

@@ -43,12 +43,8 @@ class _Entry:
 
 
 class RowCache:
-    """Rows of one computation's keys (``None`` = known to have no row).
-
-    Args:
-        capacity: rows kept between batches (> 0).
-        policy: ``"window"`` (next expected access) or ``"lru"``.
-    """
+    """Rows of one computation's keys (``None`` = known to have no row), at most ``capacity`` (> 0)
+    between batches, evicted by ``policy``: ``"window"`` (next expected access) or ``"lru"``."""
 
     def __init__(self, capacity: int, *, policy: str = "window") -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:

@@ -115,10 +115,8 @@ class Servers:
 
     def leader_hosts(self) -> str:
         """``host:port`` of the server whose zxid counts the writes (the leader of an ensemble)."""
-        if not self.ensemble:
-            return self.zk_hosts
-        myid = self._zk.leader()
-        return str(self._zk.server(myid).hosts) if myid is not None else self.zk_hosts
+        myid = self._zk.leader() if self.ensemble else None
+        return self.zk_hosts if myid is None else str(self._zk.server(myid).hosts)
 
     def start(self) -> None:
         """Start ZooKeeper, and for ``s3a`` S3Proxy, its bucket and Toxiproxy in front of it."""
@@ -254,10 +252,8 @@ def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: i
     landed = [(v, info) for v, info, md in mine if md.get("commit_id") in counted]
     between = [v - int(info["readVersion"]) - 1 for v, info in landed if info.get("readVersion") is not None]
     reader = RowStore(spark, layout, writer="bench-reader")
-    missing = 0
-    for spec, st in zip(specs, stats, strict=True):
-        present = {r.key for r in reader.scan_intervals(spec.computation, spec.intervals)}
-        missing += len(st.keys - present)
+    missing = sum(len(st.keys - {r.key for r in reader.scan_intervals(spec.computation, spec.intervals)})
+                  for spec, st in zip(specs, stats, strict=True))
     point = summarize(stats, elapsed_s=elapsed, zk_writes=z1 - z0)
     point.update({
         "shape": shape, "writers": n, "load_avg_1m": round(load0, 2),

@@ -220,8 +220,7 @@ def rows_bytes_per_batch(rows: str) -> list[tuple[int, int]] | None:
     from deltawheel.statestore.delta.storefs import local_path
     from deltawheel.statestore.writepath.image.files import is_ids_path
 
-    local = local_path(rows)
-    if local is None:
+    if (local := local_path(rows)) is None:
         return None
     out = []
     for f in sorted(Path(local, "_delta_log").glob("*.json")):

@@ -155,8 +155,7 @@ def run_streaming_query(writer: Any, *, name: str, progress: ProgressFn | None) 
             break
     wall = time.perf_counter() - t0
     measured_run_ended()  # reading the output to check it is not the run's memory
-    exc = q.exception()
-    if exc is not None:
+    if (exc := q.exception()) is not None:
         raise RuntimeError(f"{name}: streaming query failed: {exc}")
     return StreamingRun(wall_s=wall, progresses=tuple(q.recentProgress))
 
@@ -269,8 +268,7 @@ def _make_processor() -> Any:
 
         def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
             ws = expiredTimerInfo.getExpiryTimeInMs() + 1 - WIN_MS
-            v = self._counts.getValue((ws,))
-            if v is None:
+            if (v := self._counts.getValue((ws,))) is None:
                 return iter(())
             self._counts.removeKey((ws,))
             return iter([pd.DataFrame({

@@ -120,8 +120,7 @@ class LatencySettings:
 
 def _drained(tail: DeltaLogTail, kind: str, expected: int) -> bool:
     """Whether the last stage's output (``tail``) accounts for ``expected`` input records."""
-    rows = tail.rows()
-    if rows is None:
+    if (rows := tail.rows()) is None:
         return False
     if kind == "records":
         return int(np.unique(rows.column("record_id").to_numpy()).size) >= expected

@@ -162,13 +162,10 @@ class InputLog:
         """Parse the generator's log for a schedule of ``n_files`` files."""
         due = np.full(n_files, np.nan)
         renamed = np.full(n_files, np.nan)
-        if path.exists():
-            for line in path.read_text().splitlines():
-                if not line.strip():
-                    continue
-                d = json.loads(line)
-                due[d["file"]] = d["due"]
-                renamed[d["file"]] = d["renamed"]
+        lines = path.read_text().splitlines() if path.exists() else []
+        for d in (json.loads(line) for line in lines if line.strip()):
+            due[d["file"]] = d["due"]
+            renamed[d["file"]] = d["renamed"]
         return cls(due=due, renamed=renamed)
 
     def lateness(self) -> dict[str, float | int | None]:
@@ -270,9 +267,8 @@ class Generator(ScheduleThread):
 def main(argv: Sequence[str] | None = None) -> int:
     """The child-process generator: prints ``ready``, then reads ``t0`` (epoch seconds) from stdin."""
     p = argparse.ArgumentParser(description="rename a latency schedule's files into a folder")
-    p.add_argument("--folder", required=True)
-    p.add_argument("--staging", required=True)
-    p.add_argument("--log", required=True)
+    for name in ("--folder", "--staging", "--log"):
+        p.add_argument(name, required=True)
     p.add_argument("--schedule", required=True, help="the Schedule's fields as JSON")
     a = p.parse_args(argv)
     schedule = Schedule(**json.loads(a.schedule))
@@ -281,8 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_file(schedule, 1, Path(a.staging) / file_name(1), event_time_ms=0)
         os.remove(Path(a.staging) / file_name(1))
     print("ready", flush=True)
-    line = sys.stdin.readline().strip()
-    if not line:
+    if not (line := sys.stdin.readline().strip()):
         return 0  # the benchmark ended before starting the schedule
     run_schedule(schedule, folder=Path(a.folder), staging=Path(a.staging), t0=float(line), log=Path(a.log))
     return 0

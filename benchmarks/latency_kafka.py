@@ -101,11 +101,9 @@ def _producer_command(work: Path, bootstrap_servers: str, topic: str) -> list[st
 def _lines(schedule: Schedule, index: int, event_time_ms: int) -> str:
     lo = int(schedule.first_ids[index])
     hi = lo + int(schedule.counts[index])
-    out = []
-    for rid, k in zip(range(lo, hi), schedule.key_ids[lo:hi].tolist(), strict=True):
-        key = key_name(int(k))
-        out.append(f'{key}\t{{"record_id": "{rid}", "key": "{key}", "event_time": {event_time_ms}}}\n')
-    return "".join(out) + "\n"  # the empty line: flush
+    keys = [key_name(int(k)) for k in schedule.key_ids[lo:hi].tolist()]
+    return "".join(f'{key}\t{{"record_id": "{rid}", "key": "{key}", "event_time": {event_time_ms}}}\n'
+                   for rid, key in zip(range(lo, hi), keys, strict=True)) + "\n"  # the empty line: flush
 
 
 class KafkaGenerator(ScheduleThread):

@@ -136,8 +136,7 @@ def _role_of(p: psutil.Process, *, root: psutil.Process, roles: dict[tuple[int, 
         key = (p.pid, p.create_time())
     except psutil.Error:
         return "unknown"
-    got = roles.get(key)
-    if got is None:
+    if (got := roles.get(key)) is None:
         parent_role = None
         try:
             ppid = p.ppid()

@@ -194,8 +194,7 @@ def run_throughput(size: str, *, out_dir: Path, engines: Sequence[str] | None = 
     t_proc0 = psutil.Process().create_time()
     say = progress or (lambda _msg: None)
     names = list(engines) if engines else list(ENGINES)
-    unknown = [n for n in names if n not in ENGINES]
-    if unknown:
+    if unknown := [n for n in names if n not in ENGINES]:
         raise WorkloadError(f"unknown engine(s) {unknown}; registered: {sorted(ENGINES)}")
     if rounds < 1:
         raise WorkloadError(f"rounds must be at least 1, got {rounds}")
@@ -204,8 +203,7 @@ def run_throughput(size: str, *, out_dir: Path, engines: Sequence[str] | None = 
                             "with isolate=False (--shared-session)")
     isolate = spark is None if isolate is None else isolate
     if store_uri is not None:
-        cannot = [n for n in names if not getattr(ENGINES[n], "takes_store", False)]
-        if cannot:
+        if cannot := [n for n in names if not getattr(ENGINES[n], "takes_store", False)]:
             raise WorkloadError(f"engine(s) {cannot} cannot keep their state on --store-uri; choose among "
                                 f"{sorted(n for n, e in ENGINES.items() if getattr(e, 'takes_store', False))}")
         store_uri = store_uri.rstrip("/") + f"/{_dt.datetime.now(_dt.UTC).strftime('%Y%m%dT%H%M%S')}"

@@ -43,11 +43,6 @@ class WorkloadParams:
     rate: int
     seed: int = 42
 
-    @property
-    def n_files(self) -> int:
-        """``n`` records, ``b`` per file."""
-        return (self.n + self.b - 1) // self.b
-
     def dirname(self) -> str:
         """The dataset's folder name."""
         return f"n{self.n}-b{self.b}-k{self.k}-r{self.rate}-s{self.seed}"
@@ -95,7 +90,6 @@ class Reference:
     late_dropped: int
     open_events: int
     open_windows: int
-    final_watermark_ms: int
 
     @property
     def emitted_rows(self) -> int:
@@ -128,11 +122,6 @@ class WorkloadData:
     def n(self) -> int:
         """The number of input records."""
         return self.params.n
-
-    @property
-    def expected(self) -> ExpectedFigures | None:
-        """The WORKLOAD.md figures every correct engine matches (None: not a verified named size)."""
-        return EXPECTED.get(self.size) if self.verified else None
 
     @cached_property
     def reference(self) -> Reference:
@@ -168,8 +157,7 @@ def find_generator() -> Path:
     env = os.environ.get("DELTAWHEEL_WORKLOAD_DIR")
     shared = _repo_root().parent / "shared" / "workload" / "gen.py"
     candidates = [*([Path(env) / "gen.py"] if env else []), shared]
-    found = next((c for c in candidates if c.is_file()), None)
-    if found is None:
+    if (found := next((c for c in candidates if c.is_file()), None)) is None:
         looked = ", ".join(str(c) for c in candidates)
         raise WorkloadError(f"reference workload generator gen.py not found (looked at {looked}); set "
                             "DELTAWHEEL_WORKLOAD_DIR to the folder holding WORKLOAD.md's gen.py")
@@ -276,7 +264,7 @@ def compute_reference(files: tuple[Path, ...] | list[Path]) -> Reference:
     table = table.sort_by([("key", "ascending"), ("window_start_ms", "ascending")])
     return Reference(table=table, late_dropped=late,
                      open_events=int(pc.sum(still_open.column("count")).as_py() or 0),
-                     open_windows=still_open.num_rows, final_watermark_ms=wm)
+                     open_windows=still_open.num_rows)
 
 
 def _to_epoch_ms(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:

@@ -43,6 +43,11 @@ class WorkloadParams:
     rate: int
     seed: int = 42
 
+    @property
+    def n_files(self) -> int:
+        """``n`` records, ``b`` per file."""
+        return (self.n + self.b - 1) // self.b
+
     def dirname(self) -> str:
         """The dataset's folder name."""
         return f"n{self.n}-b{self.b}-k{self.k}-r{self.rate}-s{self.seed}"
@@ -90,6 +95,7 @@ class Reference:
     late_dropped: int
     open_events: int
     open_windows: int
+    final_watermark_ms: int
 
     @property
     def emitted_rows(self) -> int:
@@ -122,6 +128,11 @@ class WorkloadData:
     def n(self) -> int:
         """The number of input records."""
         return self.params.n
+
+    @property
+    def expected(self) -> ExpectedFigures | None:
+        """The WORKLOAD.md figures every correct engine matches (None: not a verified named size)."""
+        return EXPECTED.get(self.size) if self.verified else None
 
     @cached_property
     def reference(self) -> Reference:
@@ -264,7 +275,7 @@ def compute_reference(files: tuple[Path, ...] | list[Path]) -> Reference:
     table = table.sort_by([("key", "ascending"), ("window_start_ms", "ascending")])
     return Reference(table=table, late_dropped=late,
                      open_events=int(pc.sum(still_open.column("count")).as_py() or 0),
-                     open_windows=still_open.num_rows)
+                     open_windows=still_open.num_rows, final_watermark_ms=wm)
 
 
 def _to_epoch_ms(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:

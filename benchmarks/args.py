@@ -44,26 +44,20 @@ def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
     """Add the throughput benchmark's options (size, output folder, engines, warm-up, rounds, isolation) to ``p``."""
     _add_workload_arguments(p, required=True, help="output folder for throughput.json / throughput.png")
     p.add_argument("--engines", default=None,
-                   help="comma-separated engine names, run in this order (default: every engine: "
-                   "spark_sql, spark_tws, deltawheel, deltawheel_merge, deltawheel_jvm_read, deltawheel_vector, deltawheel_columnar)")
+                   help="comma-separated engine names, run in this order (default: every engine)")
     p.add_argument("--warmup", action="store_true",
-                   help="run each engine once, unmeasured, on a tiny input first (JVM warm-up; isolated: in each "
-                        "run's own process, before its measured run)")
+                   help="run each engine once, unmeasured, on a tiny input first (in each run's own process)")
     p.add_argument("--rounds", type=int, default=1,
-                   help="run the engines N times, each engine in each place and right after each other engine "
-                        "as equally often as N allows (three engines: N=6 evens both); report each engine's "
-                        "median run")
+                   help="run the engines N times in balanced orders (three engines: N=6 evens them); report "
+                        "each engine's median run")
     p.add_argument("--store-uri", default=None,
-                   help="put each engine's state and output on this store (e.g. s3a://bucket/bench: Spark SQL's "
-                        "state checkpoint and sink, deltawheel's store and streaming checkpoint) instead of the "
-                        "output folder; the input stays in --data-root. Engines that cannot (spark_tws) are refused")
+                   help="put each engine's state and output on this store (e.g. s3a://bucket/bench), not "
+                        "the output folder; engines that cannot (spark_tws) are refused")
     p.add_argument("--conf", action="append", metavar="KEY=VALUE",
-                   help="a Spark setting for every engine alike, on top of the benchmark's (repeatable; e.g. "
-                        "spark.driver.memory=1g); recorded in throughput.json's spark_conf")
+                   help="a Spark setting for every engine, on top of the benchmark's (repeatable)")
     p.add_argument("--shared-session", action="store_true",
-                   help="run every engine in this process and one Spark session (default: each engine run in a "
-                        "process of its own, with its own session, JVM and Python workers; peak memory is that "
-                        "process tree's during the measured run)")
+                   help="run every engine in this process and one Spark session (default: each run in a "
+                        "process of its own, whose tree's peak memory is measured)")
 
 
 def add_cache_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,9 +66,8 @@ def add_cache_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capacities", default=",".join(str(c) for c in DEFAULT_CAPACITIES),
                    help="comma-separated capacities as shares of the keys the trace touches (0 < c <= 1)")
     p.add_argument("--trace", default=None,
-                   help="replay the batch path's image lookups recorded in this folder (a run with "
-                        "DELTAWHEEL_IMAGE_CACHE_TRACE=DIR) instead of the workload's row trace; --capacities are "
-                        "then shares of the trace's peak bytes of live images")
+                   help="replay the image lookups a run with DELTAWHEEL_IMAGE_CACHE_TRACE=DIR recorded; "
+                        "--capacities are then shares of the trace's peak bytes of live images")
 
 
 def add_watermark_arguments(p: argparse.ArgumentParser) -> None:
@@ -89,27 +82,23 @@ def add_latency_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, default=1000.0, help="records per second arriving (default 1000)")
     p.add_argument("--seconds", type=float, default=60.0, help="seconds of input (default 60)")
     p.add_argument("--engines", default="deltawheel,spark_tws,spark_sql,floor",
-                   help="comma-separated, run one after another in this order (default: "
-                        "deltawheel,spark_tws,spark_sql,floor)")
+                   help="comma-separated, run one after another in this order (default: all four)")
     p.add_argument("--stages", type=int, default=1, choices=[1, 3],
-                   help="pipeline stages: 1, or 3 (the running count, then two pass-through stages each reading "
-                        "the previous stage's output table as a stream)")
+                   help="pipeline stages: 1, or 3 (the running count, then two pass-through stages)")
     p.add_argument("--source", default="files", choices=["files", "kafka"],
-                   help="files: Parquet files renamed into a folder every 100-200 ms; kafka: the same records "
-                        "appended to a topic (arrival: the broker's append time)")
+                   help="files: Parquet files renamed into a folder; kafka: the same records in a topic")
     p.add_argument("--kafka", default=None,
                    help="--source kafka: the broker, host:port (default: a local broker started under --out)")
     p.add_argument("--out", default="bench-out/latency", help="output folder for latency.json / latency.png")
     p.add_argument("--warmup", type=float, default=10.0,
                    help="seconds of input at the start left out of the percentiles (default 10)")
     p.add_argument("--prewarm", type=float, default=5.0,
-                   help="before each engine's measured run, run it unmeasured on this many seconds of input "
-                        "at the rate, at most 1,000 records/s (JVM classes, code generation, Python workers; "
-                        "0: no pre-warm run; default 5)")
+                   help="seconds of an unmeasured run of each engine first, at most 1,000 records/s "
+                        "(0: none; default 5)")
     p.add_argument("--seed", type=int, default=7, help="the input schedule's seed (gaps between files, keys)")
     p.add_argument("--keys", type=int, default=50_000, help="distinct keys (default 50,000)")
     p.add_argument("--generator", default="thread", choices=["thread", "process"],
-                   help="run the input generator in a thread of the driver (default) or a child process")
+                   help="the input generator in a thread (default) or a child process")
     p.add_argument("--drain-timeout", type=float, default=120.0,
                    help="seconds to wait after the last input file for every record's output (default 120)")
     p.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
@@ -117,8 +106,7 @@ def add_latency_arguments(p: argparse.ArgumentParser) -> None:
                    help="a version's commit time: its <v>.json file's mtime (default) or commitInfo.timestamp")
     p.add_argument("--zk", default=None,
                    help="ZooKeeper for the deltawheel engine, host:port[,host:port] (default: a store's embedded server)")
-    p.add_argument("--watch-log", action="store_true",
-                   help="also list each output's _delta_log every 5 ms and report when versions first appear")
+    p.add_argument("--watch-log", action="store_true", help="also report when output versions first appear")
 
 
 def add_restart_arguments(p: argparse.ArgumentParser) -> None:
@@ -149,8 +137,6 @@ def add_commits_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per point (default 20)")
     p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each point (default 3)")
     p.add_argument("--keys-per-batch", type=int, default=8, help="keys each batch writes (default 8)")
-    p.add_argument("--ensemble", action="store_true",
-                   help="a three-server ZooKeeper ensemble instead of one server")
-    p.add_argument("--quick", action="store_true",
-                   help="a small run: writers 1,2, local only, 4 s per point, 1 s warm-up")
+    p.add_argument("--ensemble", action="store_true", help="a three-server ZooKeeper ensemble")
+    p.add_argument("--quick", action="store_true", help="a small run: writers 1,2, local only, 4 s per point")
 

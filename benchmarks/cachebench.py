@@ -208,8 +208,7 @@ def read_trace(folder: Path) -> dict[str, list[dict[str, Any]]]:
     Raises:
         ConfigError: the folder holds no trace file.
     """
-    files = sorted(Path(folder).glob("images-*.jsonl"))
-    if not files:
+    if not (files := sorted(Path(folder).glob("images-*.jsonl"))):
         raise ConfigError(f"{folder}: no image cache trace (images-*.jsonl); run a pipeline with "
                           f"DELTAWHEEL_IMAGE_CACHE_TRACE={folder} first")
     return {f.stem: [json.loads(line) for line in f.read_text().splitlines() if line.strip()] for f in files}
@@ -319,12 +318,11 @@ def run_from_args(args: argparse.Namespace) -> int:
         raise ConfigError(f"--capacities must be numbers like 0.05,0.1, got {args.capacities!r}") from None
     if not caps or any(not 0 < c <= 1 for c in caps):
         raise ConfigError(f"--capacities must be shares in (0, 1], got {args.capacities!r}")
+    out = Path(args.out)
     if getattr(args, "trace", None):
-        got = run_trace_bench(Path(args.trace), out=Path(args.out), shares=caps)
-        print(format_trace_table(got))
-        print(f"wrote {Path(args.out) / 'cache_trace.json'}")
-        return 0
-    report = run_cache_bench(args.size, out=args.out, capacities=caps, data_root=args.data_root)
-    print(format_table(report))
-    print(f"wrote {Path(args.out) / 'cache.json'} and {Path(args.out) / 'cache.png'}")
+        print(format_trace_table(run_trace_bench(Path(args.trace), out=out, shares=caps)))
+        print(f"wrote {out / 'cache_trace.json'}")
+    else:
+        print(format_table(run_cache_bench(args.size, out=out, capacities=caps, data_root=args.data_root)))
+        print(f"wrote {out / 'cache.json'} and {out / 'cache.png'}")
     return 0

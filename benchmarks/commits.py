@@ -111,18 +111,12 @@ class Servers:
         self._s3: Any = None
         self.toxiproxy: Any = None
         self.s3_url: str | None = None
-
-    @property
-    def zk_hosts(self) -> str:
-        """The ZooKeeper connection string (every server of an ensemble)."""
-        return str(self._zk.hosts)
+        self.zk_hosts = ""  # the ZooKeeper connection string (every server of an ensemble), once started
 
     def leader_hosts(self) -> str:
         """``host:port`` of the server whose zxid counts the writes (the leader of an ensemble)."""
-        if not self.ensemble:
-            return self.zk_hosts
-        myid = self._zk.leader()
-        return str(self._zk.server(myid).hosts) if myid is not None else self.zk_hosts
+        myid = self._zk.leader() if self.ensemble else None
+        return self.zk_hosts if myid is None else str(self._zk.server(myid).hosts)
 
     def start(self) -> None:
         """Start ZooKeeper, and for ``s3a`` S3Proxy, its bucket and Toxiproxy in front of it."""
@@ -135,6 +129,7 @@ class Servers:
         self._zk = (ZooKeeperEnsemble(self.root / f"_zk-{tag}") if self.ensemble
                     else EmbeddedZooKeeper(self.root / f"_zk-{tag}", port=free_ports(1)[0]))
         self._zk.start()
+        self.zk_hosts = str(self._zk.hosts)
         if self.object_store:
             from deltawheel.servers.s3proxy import S3ProxyServer
             from deltawheel.servers.toxiproxy import ToxiproxyServer
@@ -257,10 +252,8 @@ def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: i
     landed = [(v, info) for v, info, md in mine if md.get("commit_id") in counted]
     between = [v - int(info["readVersion"]) - 1 for v, info in landed if info.get("readVersion") is not None]
     reader = RowStore(spark, layout, writer="bench-reader")
-    missing = 0
-    for spec, st in zip(specs, stats, strict=True):
-        present = {r.key for r in reader.scan_intervals(spec.computation, spec.intervals)}
-        missing += len(st.keys - present)
+    missing = sum(len(st.keys - {r.key for r in reader.scan_intervals(spec.computation, spec.intervals)})
+                  for spec, st in zip(specs, stats, strict=True))
     point = summarize(stats, elapsed_s=elapsed, zk_writes=z1 - z0)
     point.update({
         "shape": shape, "writers": n, "load_avg_1m": round(load0, 2),

@@ -113,11 +113,6 @@ def _columnar(base: Any) -> Any:
     return WindowCountColumnar
 
 
-def state_partitions(spark: Any) -> int:
-    """Spark SQL's state partitions; deltawheel gets as many key intervals, to split state the same way."""
-    return int(spark.conf.get("spark.sql.shuffle.partitions"))
-
-
 @contextmanager
 def pipeline_runner(spark: Any, data: WorkloadData, comp: Any, folder: Path, *, store: str | None = None,
                     subdir: str = "", pipeline: str = "bench", watermark_percentile: float | None = None,
@@ -172,7 +167,9 @@ class DeltaWheelEngine:
         from deltawheel.executor.tasks.paths import choose_write_path
         from deltawheel.statestore.codecs import get_codec
 
-        comp = window_count(state_partitions(spark), vectorised=self.vectorised, columnar=self.columnar)
+        # as many key intervals as Spark SQL's state partitions, to split state the same way
+        intervals = int(spark.conf.get("spark.sql.shuffle.partitions"))
+        comp = window_count(intervals, vectorised=self.vectorised, columnar=self.columnar)
         with pipeline_runner(spark, data, comp, Path(out_dir) / self.name, store=store, subdir=self.name,
                              progress=progress or (lambda _s: None), write_path=self.write_path,
                              direct_read=self.direct_read) as (layout, runner):
@@ -223,8 +220,7 @@ def rows_bytes_per_batch(rows: str) -> list[tuple[int, int]] | None:
     from deltawheel.statestore.delta.storefs import local_path
     from deltawheel.statestore.writepath.image.files import is_ids_path
 
-    local = local_path(rows)
-    if local is None:
+    if (local := local_path(rows)) is None:
         return None
     out = []
     for f in sorted(Path(local, "_delta_log").glob("*.json")):

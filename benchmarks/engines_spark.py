@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
@@ -63,10 +63,6 @@ class EngineResult:
         return {**asdict(self), "settings": dict(self.settings), "notes": list(self.notes),
                 "batch_s": list(self.batch_s), "rounds_records_per_s": list(self.rounds_records_per_s),
                 "peak_memory": dict(self.peak_memory) if self.peak_memory is not None else None}
-
-    def with_(self, **changes: Any) -> EngineResult:
-        """A copy of this result with the given fields replaced."""
-        return replace(self, **changes)
 
 
 class Engine(Protocol):
@@ -159,8 +155,7 @@ def run_streaming_query(writer: Any, *, name: str, progress: ProgressFn | None) 
             break
     wall = time.perf_counter() - t0
     measured_run_ended()  # reading the output to check it is not the run's memory
-    exc = q.exception()
-    if exc is not None:
+    if (exc := q.exception()) is not None:
         raise RuntimeError(f"{name}: streaming query failed: {exc}")
     return StreamingRun(wall_s=wall, progresses=tuple(q.recentProgress))
 
@@ -273,8 +268,7 @@ def _make_processor() -> Any:
 
         def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
             ws = expiredTimerInfo.getExpiryTimeInMs() + 1 - WIN_MS
-            v = self._counts.getValue((ws,))
-            if v is None:
+            if (v := self._counts.getValue((ws,))) is None:
                 return iter(())
             self._counts.removeKey((ws,))
             return iter([pd.DataFrame({

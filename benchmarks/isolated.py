@@ -75,11 +75,6 @@ def build_bench_session(conf: Mapping[str, str], *, spark: Any = None, app_name:
     return session, round(time.perf_counter() - t0, 3)
 
 
-def _result_from_dict(d: Mapping[str, Any]) -> EngineResult:
-    return EngineResult(**{**d, "batch_s": tuple(d.get("batch_s", ())), "notes": tuple(d.get("notes", ())),
-                           "rounds_records_per_s": tuple(d.get("rounds_records_per_s", ()))})
-
-
 def _kill_group(proc: subprocess.Popen[str]) -> None:
     """End the child's process group (its JVM, workers and ZooKeeper too): TERM, then KILL after 10 s."""
     for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
@@ -157,7 +152,9 @@ def run_isolated(spec: RunSpec, *, work_dir: Path, progress: ProgressFn | None =
         raise WorkloadError(f"engine {spec.engine}: its process {proc.pid} failed (exit {rc}); full stderr in "
                             f"{err_path}; its last lines:\n{lines}")
     got = json.loads(result_path.read_text())
-    return IsolatedRun(result=_result_from_dict(got["result"]), pid=int(got["pid"]),
+    # the result's tuples came back as JSON lists
+    res: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in got["result"].items()}
+    return IsolatedRun(result=EngineResult(**res), pid=int(got["pid"]),
                        session_start_s=float(got["session_start_s"]), warmup_s=got["warmup_s"],
                        spark_version=str(got["spark_version"]), checkpoint_file_manager=got["checkpoint_file_manager"],
                        peak=sampler.peak, conf_applied=got.get("conf_applied"))

@@ -12,7 +12,7 @@ import json
 import subprocess
 import time
 import uuid
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -120,8 +120,7 @@ class LatencySettings:
 
 def _drained(tail: DeltaLogTail, kind: str, expected: int) -> bool:
     """Whether the last stage's output (``tail``) accounts for ``expected`` input records."""
-    rows = tail.rows()
-    if rows is None:
+    if (rows := tail.rows()) is None:
         return False
     if kind == "records":
         return int(np.unique(rows.column("record_id").to_numpy()).size) >= expected
@@ -236,7 +235,7 @@ def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: 
             cks = check_records(schedule, rows, renamed=log.renamed, counted=name != "floor")
         else:
             cks = check_key_counts(schedule, rows, file_batch=first_fb, renamed=log.renamed, record_batch=first_rb)
-        checks += [{"stage": o.stage, **c.to_dict()} for c in cks]
+        checks += [{"stage": o.stage, **asdict(c)} for c in cks]
         vt = version_times(tail.versions, st.commit_time)
         commit, batch = record_times(schedule, rows, kind=o.kind, vtime=vt, file_batch=first_fb,
                                      record_batch=first_rb)
@@ -364,16 +363,17 @@ def run_latency(st: LatencySettings, *, spark: Any = None, progress: Say | None 
     return report
 
 
+#: the command line's option of each setting named otherwise
+_OPTIONS = {"warmup_s": "warmup", "drain_timeout_s": "drain_timeout", "progress_every_s": "progress_every",
+            "prewarm_s": "prewarm"}
+
+
 def settings_from_args(args: argparse.Namespace) -> LatencySettings:
     """The parsed command line as :class:`LatencySettings`."""
-    return LatencySettings(
-        rate=float(args.rate), seconds=float(args.seconds),
-        engines=tuple(e.strip() for e in str(args.engines).split(",") if e.strip()), out=Path(args.out),
-        stages=int(args.stages), source=str(args.source), warmup_s=float(args.warmup), seed=int(args.seed),
-        keys=int(args.keys), generator=str(args.generator), drain_timeout_s=float(args.drain_timeout),
-        progress_every_s=float(args.progress_every), commit_time=str(args.commit_time),
-        watch_log=bool(args.watch_log), prewarm_s=float(args.prewarm), zk=args.zk,
-        kafka=getattr(args, "kafka", None))
+    got: dict[str, Any] = {f.name: getattr(args, _OPTIONS.get(f.name, f.name), f.default)
+                           for f in fields(LatencySettings)}
+    got["engines"] = tuple(e.strip() for e in str(args.engines).split(",") if e.strip())
+    return LatencySettings(**{**got, "out": Path(args.out)})
 
 
 def run_from_args(args: argparse.Namespace) -> int:

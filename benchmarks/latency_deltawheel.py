@@ -166,12 +166,12 @@ class DeltaWheelLatencyEngine:
     def start(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
         """Connect a fresh store under ``work_dir`` and start the computation's query."""
         _check_stages(self.name, stages, self.stages)
-        if stages > 1 or isinstance(source, KafkaInput):
-            return self._start_pipeline(source, spark=spark, work_dir=work_dir, stages=stages)
         chk = work_dir / "checkpoint"
         intervals = int(spark.conf.get("spark.sql.shuffle.partitions"))
         engine = _connect(spark, work_dir, self.zk)
         try:
+            if stages > 1 or isinstance(source, KafkaInput):
+                return self._start_pipeline(engine, source, intervals=intervals, stages=stages)
             inj = _file_injector(source)
             query = engine.start(inj, _computation(intervals), checkpoint=str(chk))
             executor = engine.executors[-1]
@@ -186,30 +186,24 @@ class DeltaWheelLatencyEngine:
                                     "commit")
         return _DeltaWheelRun(engine, [query], lambda _stage: executor, outputs, settings)
 
-    def _start_pipeline(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path,
+    def _start_pipeline(self, engine: Any, source: FileInput | KafkaInput, *, intervals: int,
                         stages: int) -> _DeltaWheelRun:
-        """``stages`` computations (:data:`STAGES`), every stage's query live at once."""
+        """``stages`` computations (:data:`STAGES`) on ``engine``, every stage's query live at once."""
         from deltawheel.executor.drivers.pipeline import Pipeline
         from deltawheel.executor.sources.kafka import KafkaInjector
 
-        intervals = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        engine = _connect(spark, work_dir, self.zk)
-        try:
-            engine.progress = False
-            inj: Any
-            bases = list(STAGES[:stages])
-            if isinstance(source, KafkaInput):
-                inj = KafkaInjector("events", bootstrap_servers=source.bootstrap_servers, topic=source.topic,
-                                    schema=source.schema_ddl, key_column="key", event_time_column="event_time",
-                                    value_columns=["record_id"], watermark_delay_ms=1_000)
-                bases[0] = KafkaRunningCount
-            else:
-                inj = _file_injector(source)
-            comps = tuple(_computation(intervals, base) for base in bases)
-            run = engine.start_pipeline(Pipeline("latency", (inj,), comps))
-        except BaseException:
-            engine.close()
-            raise
+        engine.progress = False
+        inj: Any
+        bases = list(STAGES[:stages])
+        if isinstance(source, KafkaInput):
+            inj = KafkaInjector("events", bootstrap_servers=source.bootstrap_servers, topic=source.topic,
+                                schema=source.schema_ddl, key_column="key", event_time_column="event_time",
+                                value_columns=["record_id"], watermark_delay_ms=1_000)
+            bases[0] = KafkaRunningCount
+        else:
+            inj = _file_injector(source)
+        comps = tuple(_computation(intervals, base) for base in bases)
+        run = engine.start_pipeline(Pipeline("latency", (inj,), comps))
         names = [c.name for c in comps]
         outputs = tuple(
             StageOutput(stage=i, name=c.outputs[0], table=Path(engine.layout.stream(c.outputs[0])),

@@ -80,11 +80,8 @@ def key_counts_from_spark(t: pa.Table) -> pa.Table:
 
 def progress_dicts(query: Any) -> list[dict[str, Any]]:
     """A query's recent progress reports as plain dicts."""
-    out = []
-    for p in query.recentProgress:
-        raw = getattr(p, "json", None)
-        out.append(json.loads(raw) if isinstance(raw, str) else json.loads(json.dumps(p, default=str)))
-    return out
+    return [json.loads(raw if isinstance(raw := getattr(p, "json", None), str)
+                       else json.dumps(p, default=str)) for p in query.recentProgress]
 
 
 class SparkRun:
@@ -114,8 +111,7 @@ class SparkRun:
     def error(self) -> str | None:
         """The first failed query's exception."""
         for q in self.queries:
-            exc = q.exception()
-            if exc is not None:
+            if (exc := q.exception()) is not None:
                 return str(exc).splitlines()[0]
             if not q.isActive:
                 return "the query stopped"
@@ -164,9 +160,8 @@ def chain(spark: Any, *, first: StageOutput, ddl: str, work_dir: Path, name: str
     for stage in range(2, stages + 1):
         out, chk = work_dir / f"output{stage}", work_dir / f"checkpoint{stage}"
         _empty_table(spark, out, ddl)
-        q = (spark.readStream.format("delta").load(str(upstream.table)).writeStream.format("delta")
-             .outputMode("append").option("checkpointLocation", str(chk)).queryName(f"latency_{name}_{stage}")
-             .start(str(out)))
+        q = _delta_sink(spark.readStream.format("delta").load(str(upstream.table)), chk=chk,
+                        name=f"latency_{name}_{stage}", out=out)
         upstream = StageOutput(stage=stage, name=f"{first.name}{stage}", table=out, checkpoint=chk,
                                kind=first.kind, normalize=first.normalize, reads_input_files=False)
         queries.append(q)

@@ -15,11 +15,12 @@ import time
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Schedule", "InputLog", "Generator", "run_schedule", "write_file", "file_name", "key_name"]
+__all__ = ["Schedule", "InputLog", "ScheduleThread", "Generator", "run_schedule", "write_file", "file_name",
+           "key_name"]
 
 PRIMER_GAP_S = 0.15  # the primer holds as many records as a typical file
 
@@ -161,13 +162,10 @@ class InputLog:
         """Parse the generator's log for a schedule of ``n_files`` files."""
         due = np.full(n_files, np.nan)
         renamed = np.full(n_files, np.nan)
-        if path.exists():
-            for line in path.read_text().splitlines():
-                if not line.strip():
-                    continue
-                d = json.loads(line)
-                due[d["file"]] = d["due"]
-                renamed[d["file"]] = d["renamed"]
+        lines = path.read_text().splitlines() if path.exists() else []
+        for d in (json.loads(line) for line in lines if line.strip()):
+            due[d["file"]] = d["due"]
+            renamed[d["file"]] = d["renamed"]
         return cls(due=due, renamed=renamed)
 
     def lateness(self) -> dict[str, float | int | None]:
@@ -180,7 +178,37 @@ class InputLog:
                 "p99_ms": round(float(np.percentile(late, 99)), 2), "max_ms": round(float(late.max()), 2)}
 
 
-class Generator:
+class ScheduleThread:
+    """What both generators share: the schedule's log, and a thread that runs it from ``t0``."""
+
+    def __init__(self, schedule: Schedule, log: Path) -> None:
+        self.schedule, self.log = schedule, log
+        self.t0: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _start_thread(self, run: Callable[[float], None], lead_s: float) -> float:
+        self.t0 = t0 = time.time() + lead_s
+        self._thread = threading.Thread(target=run, args=(t0,), name="latency-generator", daemon=True)
+        self._thread.start()
+        return t0
+
+    def running(self) -> bool:
+        """True while files are still to be renamed (bursts to be sent)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self) -> None:
+        """End the schedule now (files not yet renamed stay out)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def read_log(self) -> InputLog:
+        """The generator's log so far."""
+        return InputLog.read(self.log, self.schedule.n_files)
+
+
+class Generator(ScheduleThread):
     """Runs :func:`run_schedule` in a thread or a child process."""
 
     MODES = ("thread", "process")
@@ -188,12 +216,10 @@ class Generator:
     def __init__(self, schedule: Schedule, *, folder: Path, staging: Path, log: Path, mode: str = "thread") -> None:
         if mode not in self.MODES:
             raise ValueError(f"generator mode must be one of {self.MODES}, not {mode!r}")
-        self.schedule, self.folder, self.staging, self.log, self.mode = schedule, folder, staging, log, mode
+        super().__init__(schedule, log)
+        self.folder, self.staging, self.mode = folder, staging, mode
         folder.mkdir(parents=True, exist_ok=True)
         staging.mkdir(parents=True, exist_ok=True)
-        self.t0: float | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
     def prime(self) -> float:
@@ -206,35 +232,29 @@ class Generator:
             self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         return t
 
+    def _run(self, t0: float) -> None:
+        run_schedule(self.schedule, folder=self.folder, staging=self.staging, t0=t0, log=self.log,
+                     stop=self._stop)
+
     def start(self, *, lead_s: float = 0.3) -> float:
         """Start the schedule at ``now + lead_s`` (after :meth:`prime`); returns ``t0``."""
-        if self.mode == "process":
-            assert self._proc is not None and self._proc.stdin is not None and self._proc.stdout is not None
-            if self._proc.stdout.readline().strip() != b"ready":  # the child has its schedule ready
-                raise RuntimeError(f"the input generator process did not start (exit {self._proc.poll()})")
-            self.t0 = time.time() + lead_s
-            self._proc.stdin.write(f"{self.t0!r}\n".encode())
-            self._proc.stdin.close()
-        else:
-            self.t0 = time.time() + lead_s
-            self._thread = threading.Thread(
-                target=run_schedule, args=(self.schedule,), name="latency-generator", daemon=True,
-                kwargs={"folder": self.folder, "staging": self.staging, "t0": self.t0, "log": self.log,
-                        "stop": self._stop})
-            self._thread.start()
+        if self.mode == "thread":
+            return self._start_thread(self._run, lead_s)
+        assert self._proc is not None and self._proc.stdin is not None and self._proc.stdout is not None
+        if self._proc.stdout.readline().strip() != b"ready":  # the child has its schedule ready
+            raise RuntimeError(f"the input generator process did not start (exit {self._proc.poll()})")
+        self.t0 = time.time() + lead_s
+        self._proc.stdin.write(f"{self.t0!r}\n".encode())
+        self._proc.stdin.close()
         return self.t0
 
     def running(self) -> bool:
         """True while files are still to be renamed."""
-        if self._thread is not None:
-            return self._thread.is_alive()
-        return self._proc is not None and self._proc.poll() is None
+        return super().running() or (self._proc is not None and self._proc.poll() is None)
 
     def stop(self) -> None:
         """End the schedule now (files not yet renamed stay out)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        super().stop()
         if self._proc is not None:
             if self._proc.poll() is None:
                 self._proc.terminate()
@@ -243,17 +263,12 @@ class Generator:
                 if stream is not None and not stream.closed:
                     stream.close()
 
-    def read_log(self) -> InputLog:
-        """The generator's log so far."""
-        return InputLog.read(self.log, self.schedule.n_files)
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The child-process generator: prints ``ready``, then reads ``t0`` (epoch seconds) from stdin."""
     p = argparse.ArgumentParser(description="rename a latency schedule's files into a folder")
-    p.add_argument("--folder", required=True)
-    p.add_argument("--staging", required=True)
-    p.add_argument("--log", required=True)
+    for name in ("--folder", "--staging", "--log"):
+        p.add_argument(name, required=True)
     p.add_argument("--schedule", required=True, help="the Schedule's fields as JSON")
     a = p.parse_args(argv)
     schedule = Schedule(**json.loads(a.schedule))
@@ -262,8 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_file(schedule, 1, Path(a.staging) / file_name(1), event_time_ms=0)
         os.remove(Path(a.staging) / file_name(1))
     print("ready", flush=True)
-    line = sys.stdin.readline().strip()
-    if not line:
+    if not (line := sys.stdin.readline().strip()):
         return 0  # the benchmark ended before starting the schedule
     run_schedule(schedule, folder=Path(a.folder), staging=Path(a.staging), t0=float(line), log=Path(a.log))
     return 0

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .latency_input import InputLog, Schedule, key_name
+from .latency_input import Schedule, ScheduleThread, key_name
 
 __all__ = ["KAFKA_VALUE_DDL", "KafkaInput", "KafkaGenerator", "PRODUCER_JAVA", "read_arrivals", "record_batches"]
 
@@ -102,22 +101,19 @@ def _producer_command(work: Path, bootstrap_servers: str, topic: str) -> list[st
 def _lines(schedule: Schedule, index: int, event_time_ms: int) -> str:
     lo = int(schedule.first_ids[index])
     hi = lo + int(schedule.counts[index])
-    out = []
-    for rid, k in zip(range(lo, hi), schedule.key_ids[lo:hi].tolist(), strict=True):
-        key = key_name(int(k))
-        out.append(f'{key}\t{{"record_id": "{rid}", "key": "{key}", "event_time": {event_time_ms}}}\n')
-    return "".join(out) + "\n"  # the empty line: flush
+    keys = [key_name(int(k)) for k in schedule.key_ids[lo:hi].tolist()]
+    return "".join(f'{key}\t{{"record_id": "{rid}", "key": "{key}", "event_time": {event_time_ms}}}\n'
+                   for rid, key in zip(range(lo, hi), keys, strict=True)) + "\n"  # the empty line: flush
 
 
-class KafkaGenerator:
-    """The schedule appended to a topic, with the interface of :class:`~.latency_input.Generator`."""
+class KafkaGenerator(ScheduleThread):
+    """The schedule appended to a topic, with the interface of :class:`~.latency_input.Generator`;
+    ``renamed`` in its log: when each burst was handed to the producer."""
 
     def __init__(self, schedule: Schedule, *, source: KafkaInput, work: Path, log: Path) -> None:
-        self.schedule, self.source, self.work, self.log = schedule, source, work, log
+        super().__init__(schedule, log)
+        self.source, self.work = source, work
         work.mkdir(parents=True, exist_ok=True)
-        self.t0: float | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._proc: subprocess.Popen[str] | None = None
         self._err: Any = None
 
@@ -142,10 +138,9 @@ class KafkaGenerator:
             f.write(json.dumps({"file": index, "due": due, "renamed": t}) + "\n")
         return t
 
-    def _run(self) -> None:
-        assert self.t0 is not None
+    def _run(self, t0: float) -> None:
         for k in range(1, self.schedule.n_files):
-            due = self.t0 + float(self.schedule.offsets_s[k])
+            due = t0 + float(self.schedule.offsets_s[k])
             left = due - time.time()
             if left > 0 and self._stop.wait(left):
                 return
@@ -153,20 +148,11 @@ class KafkaGenerator:
 
     def start(self, *, lead_s: float = 0.3) -> float:
         """Start the schedule at ``now + lead_s``; returns ``t0``."""
-        self.t0 = time.time() + lead_s
-        self._thread = threading.Thread(target=self._run, name="latency-kafka-generator", daemon=True)
-        self._thread.start()
-        return self.t0
-
-    def running(self) -> bool:
-        """True while bursts are still to be sent."""
-        return self._thread is not None and self._thread.is_alive()
+        return self._start_thread(self._run, lead_s)
 
     def stop(self) -> None:
         """End the schedule now; the producer flushes what it was given and exits."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        super().stop()
         if self._proc is not None:
             if self._proc.stdin is not None and not self._proc.stdin.closed:
                 self._proc.stdin.close()
@@ -179,10 +165,6 @@ class KafkaGenerator:
                 self._proc.stdout.close()
         if self._err is not None:
             self._err.close()
-
-    def read_log(self) -> InputLog:
-        """When each burst was handed to the producer (``renamed``)."""
-        return InputLog.read(self.log, self.schedule.n_files)
 
 
 def read_arrivals(spark: Any, source: KafkaInput, schedule: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

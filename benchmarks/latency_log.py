@@ -136,8 +136,5 @@ def file_batches(checkpoint: Path) -> dict[str, int]:
     """Input file name -> the micro-batch that read it (a file listed twice keeps its first batch)."""
     from deltawheel.executor.protocol.querylog import source_log_files
 
-    out: dict[str, int] = {}
-    for batch, names in sorted(source_log_files(str(checkpoint), committed_only=False).items()):
-        for name in names:
-            out.setdefault(name, batch)
-    return out
+    logged = sorted(source_log_files(str(checkpoint), committed_only=False).items(), reverse=True)
+    return {name: batch for batch, names in logged for name in names}  # the first batch written last

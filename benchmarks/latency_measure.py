@@ -6,7 +6,7 @@ changed (``batch_id``, ``key``, ``count``, ``version``)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -29,22 +29,9 @@ class Check:
     ok: bool
     detail: str
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
-        return asdict(self)
-
 
 def _col(t: pa.Table, name: str) -> np.ndarray:
     return np.asarray(t.column(name).to_numpy(zero_copy_only=False))
-
-
-def _ids(schedule: Schedule, rows: pa.Table | None) -> tuple[np.ndarray, int]:
-    """(record ids in range, the number of ids out of range)."""
-    if rows is None or rows.num_rows == 0:
-        return np.zeros(0, np.int64), 0
-    rid = _col(rows, "record_id").astype(np.int64)
-    ok = (rid >= 0) & (rid < schedule.total)
-    return rid[ok], int((~ok).sum())
 
 
 def check_records(schedule: Schedule, rows: pa.Table | None, *, renamed: np.ndarray | None = None,
@@ -52,19 +39,19 @@ def check_records(schedule: Schedule, rows: pa.Table | None, *, renamed: np.ndar
     """Checks of a ``records`` output: every renamed record (``renamed``: per file, NaN if not)
     exactly once with its own key, and (``counted``) each key's running counts exactly 1..n."""
     expected = np.ones(schedule.total, bool) if renamed is None else ~np.isnan(renamed[schedule.file_of])
-    rid, bad = _ids(schedule, rows)
-    seen = np.bincount(rid, minlength=schedule.total)
+    rid = np.zeros(0, np.int64) if rows is None else _col(rows, "record_id").astype(np.int64)
+    ok = (rid >= 0) & (rid < schedule.total)
+    seen = np.bincount(rid[ok], minlength=schedule.total)
     missing = int(((seen == 0) & expected).sum())
     dup = int((seen > 1).sum())
-    extra = int(((seen > 0) & ~expected).sum()) + bad
+    extra = int(((seen > 0) & ~expected).sum()) + int((~ok).sum())
     checks = [Check("exactly_once", missing == 0 and dup == 0 and extra == 0,
                     f"{int(expected.sum())} input records: {missing} missing, {dup} more than once"
                     f" ({int((seen[seen > 1] - 1).sum())} extra rows), {extra} unknown ids")]
     if rows is None or rows.num_rows == 0:
         return checks
     keys = _col(rows, "key").astype(np.int64)
-    ok_rows = (_col(rows, "record_id").astype(np.int64) >= 0) & (_col(rows, "record_id").astype(np.int64) < schedule.total)
-    wrong_key = int((keys[ok_rows] != schedule.key_ids[rid]).sum())
+    wrong_key = int((keys[ok] != schedule.key_ids[rid[ok]]).sum())
     checks.append(Check("keys", wrong_key == 0, f"{wrong_key} rows with another key than their record's"))
     if counted:
         counts = _col(rows, "count").astype(np.int64)

@@ -10,6 +10,7 @@ import os
 import resource
 import threading
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -105,10 +106,10 @@ class MemoryPeak:
 
     def by_role(self) -> dict[str, int]:
         """PSS at the peak summed per role (bytes), largest first."""
-        out: dict[str, int] = {}
+        out = Counter[str]()
         for p in self.at_peak:
-            out[p.role] = out.get(p.role, 0) + p.pss_bytes
-        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+            out[p.role] += p.pss_bytes
+        return dict(out.most_common())
 
     def to_dict(self) -> dict[str, Any]:
         """The peaks as JSON-ready data in MiB, with the processes at the peak, per-role sums and CPU seconds."""
@@ -135,8 +136,7 @@ def _role_of(p: psutil.Process, *, root: psutil.Process, roles: dict[tuple[int, 
         key = (p.pid, p.create_time())
     except psutil.Error:
         return "unknown"
-    got = roles.get(key)
-    if got is None:
+    if (got := roles.get(key)) is None:
         parent_role = None
         try:
             ppid = p.ppid()
@@ -227,9 +227,9 @@ class MemorySampler:
         procs = tree_processes(self._root, roles=self._roles)
         hwm = _vm_hwm_bytes(self._root.pid) if self._foreign else 0
         pss = sum(p.pss_bytes for p in procs)
-        per_role: dict[str, int] = {}
+        per_role = Counter[str]()
         for p in procs:
-            per_role[p.role] = per_role.get(p.role, 0) + p.pss_bytes
+            per_role[p.role] += p.pss_bytes
         with self._lock:
             if pss > self._pss or not self._at_peak:
                 self._pss = pss

@@ -83,8 +83,7 @@ def plot_latency(report: Mapping[str, Any], path: Path) -> Path:
             label = f"{name}: p50 {lat['p50']} s, p99 {lat['p99']} s" if lat["n"] else f"{name}: no output"
             if not e["ok"]:
                 label += " (FAILED)"
-            q = e["stages"][-1].get("quantiles_s") or []
-            if q:
+            if q := e["stages"][-1].get("quantiles_s") or []:
                 cdf.plot(q, [i / 100 for i in range(len(q))], color=color, label=label)
             for stage in e["stages"][:-1]:  # several stages: each earlier stage's output, dashed thinner
                 sq, added = stage.get("quantiles_s") or [], stage.get("added_latency_s") or {}
@@ -97,19 +96,16 @@ def plot_latency(report: Mapping[str, Any], path: Path) -> Path:
                 added = e["stages"][-1].get("added_latency_s") or {}
                 cdf.plot([], [], color=color, label=f"  stage {e['stages'][-1]['stage']} (end to end, solid): "
                                                     f"added p50 {added.get('p50')} / p99 {added.get('p99')} s")
-            pts = scheduled_points(e["stages"][-1].get("over_time") or [])
-            if pts:
+            if pts := scheduled_points(e["stages"][-1].get("over_time") or []):
                 cdf_t = [p["t"] for p in pts]
                 over.plot(cdf_t, [p["p50"] for p in pts], color=color, label=name)
                 over.plot(cdf_t, [p["max"] for p in pts], color=color, linestyle=":", linewidth=1)
-        cdf.set_xscale("log")
-        cdf.set_xlabel("latency, arrival to visible Delta commit (s, log)")
-        cdf.set_ylabel("share of steady-state records")
+        cdf.set(xscale="log", xlabel="latency, arrival to visible Delta commit (s, log)",
+                ylabel="share of steady-state records")
         cdf.grid(True, which="both", alpha=0.3)
         cdf.legend(fontsize=8, loc="lower right")
-        over.set_yscale("log")
-        over.set_xlabel("arrival, s after the schedule's start")
-        over.set_ylabel("latency (s, log): median — / max ···")
+        over.set(yscale="log", xlabel="arrival, s after the schedule's start",
+                 ylabel="latency (s, log): median — / max ···")
         over.axvline(float(st.get("warmup_s", 0)), color="gray", linewidth=0.8)
         over.text(float(st.get("warmup_s", 0)), 0.02, " warm-up ends", transform=over.get_xaxis_transform(),
                   fontsize=8, color="gray", va="bottom")
@@ -129,9 +125,8 @@ def plot_cache(report: Mapping[str, Any], path: Path) -> None:
         shares = [100 * r["capacity_share"] for r in report["runs"]]
         for policy, style in (("lru", "o-"), ("window", "s-"), ("opt", "^--")):
             ax.plot(shares, [r[policy]["hit_rate"] for r in report["runs"]], style, label=policy)
-        ax.set_xlabel("capacity (% of the keys the trace touches)")
-        ax.set_ylabel("hit rate (row reads served from memory)")
-        ax.set_title(f"row cache on the {report['size']} window-count trace ({report['lookups']:,} reads)")
+        ax.set(xlabel="capacity (% of the keys the trace touches)", ylabel="hit rate (row reads from memory)",
+               title=f"row cache on the {report['size']} window-count trace ({report['lookups']:,} reads)")
         ax.grid(alpha=0.3)
         ax.legend()
 
@@ -152,8 +147,7 @@ def plot_commits(result: Mapping[str, Any], path: Path) -> None:
             ax2.plot(xs, [p["commit_p99_ms"] or 0 for p in pts], style, marker="o", label=label)
         for ax, title in ((ax1, "commits/s, one rows table"), (ax2, "commit p99 (ms)")):
             ax.set_xscale("log", base=2)
-            ax.set_xlabel("writers N")
-            ax.set_title(title)
+            ax.set(xlabel="writers N", title=title)
             ax.grid(True, alpha=0.3)
         ax2.set_yscale("log")
         ax1.legend(fontsize=7)

@@ -43,12 +43,8 @@ class _Entry:
 
 
 class RowCache:
-    """Rows of one computation's keys (``None`` = known to have no row).
-
-    Args:
-        capacity: rows kept between batches (> 0).
-        policy: ``"window"`` (next expected access) or ``"lru"``.
-    """
+    """Rows of one computation's keys (``None`` = known to have no row), at most ``capacity`` (> 0)
+    between batches, evicted by ``policy``: ``"window"`` (next expected access) or ``"lru"``."""
 
     def __init__(self, capacity: int, *, policy: str = "window") -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
@@ -87,8 +83,7 @@ class RowCache:
         """The cached row of ``key`` (``None``: it has none) or :data:`MISS`; counts the access."""
         st = self.stats
         st.lookups += 1
-        e = self._entries.get(key)
-        if e is None:
+        if (e := self._entries.get(key)) is None:
             st.misses += 1
             return MISS
         st.hits += 1
@@ -102,8 +97,7 @@ class RowCache:
 
     def put(self, key: str, row: Any, *, next_event_ms: int | None, next_processing_ms: int | None) -> None:
         """Cache ``row`` (``None``: the key has no row) with the key's next timers."""
-        e = self._entries.get(key)
-        if e is None:
+        if (e := self._entries.get(key)) is None:
             self._seq += 1
             self._entries[key] = _Entry(row, next_event_ms, next_processing_ms, self._batch, self._seq)
             return

@@ -50,8 +50,7 @@ def warm(spec: Any, table: Any, first: set[tuple[str, ...]]) -> dict[tuple[str, 
             first.add(paths)    # in this process, holds the ids that batch added)
             dedup.cached_bloom(paths, forget=True)
         warm_interval(spec, iv, batch)
-        bloom = dedup.cached_bloom(paths)
-        if bloom is not None:
+        if (bloom := dedup.cached_bloom(paths)) is not None:
             kept[paths] = bloom.copy()
     return kept
 

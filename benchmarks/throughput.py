@@ -15,6 +15,7 @@ import platform
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -144,7 +145,7 @@ def _shared_runs(names: Sequence[str], rounds: int, *, data: WorkloadData, wdata
             more = {} if store_uri is None else {"store": f"{store_uri}/round{rnd}"}
             res = ENGINES[name]().run(data, out_dir=out_dir / "engines" / f"round{rnd}", spark=session,
                                       progress=progress, **more)
-        return res.with_(name=name, session_start_s=session_start_s, peak_memory=mem.peak.to_dict()), \
+        return replace(res, name=name, session_start_s=session_start_s, peak_memory=mem.peak.to_dict()), \
             {"pid": os.getpid()}
 
     return _in_rounds(names, rounds, say, one), {
@@ -166,8 +167,9 @@ def _isolated_runs(names: Sequence[str], rounds: int, *, data: WorkloadData, wda
         got = run_isolated(spec, work_dir=out_dir / "processes" / f"round{rnd}", progress=progress)
         facts.setdefault("spark_version", got.spark_version)
         facts.setdefault("checkpoint_file_manager", got.checkpoint_file_manager)
-        return (got.result.with_(name=name, session_start_s=got.session_start_s, peak_memory=got.peak.to_dict()),
-                {"pid": got.pid, "warmup_s": got.warmup_s, "conf_applied": dict(got.conf_applied or {})})
+        res = replace(got.result, name=name, session_start_s=got.session_start_s,
+                      peak_memory=got.peak.to_dict())
+        return res, {"pid": got.pid, "warmup_s": got.warmup_s, "conf_applied": dict(got.conf_applied or {})}
 
     runs = _in_rounds(names, rounds, progress or (lambda _msg: None), one)
     starts = sorted(r.session_start_s or 0.0 for rs in runs.values() for r, _ in rs)
@@ -179,22 +181,12 @@ def run_throughput(size: str, *, out_dir: Path, engines: Sequence[str] | None = 
                    params: WorkloadParams | None = None, spark: Any = None, warmup: bool = False, rounds: int = 1,
                    store_uri: str | None = None, isolate: bool | None = None, conf: Mapping[str, str] | None = None,
                    progress: ProgressFn | None = print) -> dict[str, Any]:
-    """Run the selected engines (default: all registered) one after another on the same input.
+    """Run ``engines`` (default: all) one after another on the workload ``size`` (a custom name takes
+    ``params``); write and return ``throughput.json`` and ``throughput.png`` in ``out_dir``.
 
-    Args:
-        size: ``small``/``medium``/``big``, or a custom name with ``params``.
-        out_dir: receives ``throughput.json``, ``throughput.png`` and one folder per engine.
-        data_root: default ``<repo>/bench-out/data``.
-        spark: an existing session to share (implies ``isolate=False``).
-        warmup: first run every engine once, unmeasured, on :data:`WARMUP`.
-        rounds: runs per engine in balanced orders; each engine reports its median run.
-        store_uri: a folder URI for every engine's state and output (engines with ``takes_store``).
-        isolate: a process per (engine, round); default: unless ``spark`` is given.
-        conf: Spark settings added to :data:`SPARK_BENCH_CONF`.
-        progress: ``None``: silent.
-
-    Returns:
-        The report written to ``throughput.json``.
+    ``isolate``: a process per (engine, round), by default unless ``spark`` (a session to share) is
+    given; ``rounds``: runs per engine in balanced orders, each reporting its median run;
+    ``store_uri``: every engine's state and output there (engines with ``takes_store``).
 
     Raises:
         WorkloadError: unknown engine, bad input, ``isolate`` with ``spark``, or an isolated run failed.
@@ -202,8 +194,7 @@ def run_throughput(size: str, *, out_dir: Path, engines: Sequence[str] | None = 
     t_proc0 = psutil.Process().create_time()
     say = progress or (lambda _msg: None)
     names = list(engines) if engines else list(ENGINES)
-    unknown = [n for n in names if n not in ENGINES]
-    if unknown:
+    if unknown := [n for n in names if n not in ENGINES]:
         raise WorkloadError(f"unknown engine(s) {unknown}; registered: {sorted(ENGINES)}")
     if rounds < 1:
         raise WorkloadError(f"rounds must be at least 1, got {rounds}")
@@ -212,8 +203,7 @@ def run_throughput(size: str, *, out_dir: Path, engines: Sequence[str] | None = 
                             "with isolate=False (--shared-session)")
     isolate = spark is None if isolate is None else isolate
     if store_uri is not None:
-        cannot = [n for n in names if not getattr(ENGINES[n], "takes_store", False)]
-        if cannot:
+        if cannot := [n for n in names if not getattr(ENGINES[n], "takes_store", False)]:
             raise WorkloadError(f"engine(s) {cannot} cannot keep their state on --store-uri; choose among "
                                 f"{sorted(n for n, e in ENGINES.items() if getattr(e, 'takes_store', False))}")
         store_uri = store_uri.rstrip("/") + f"/{_dt.datetime.now(_dt.UTC).strftime('%Y%m%dT%H%M%S')}"
@@ -241,7 +231,7 @@ def run_throughput(size: str, *, out_dir: Path, engines: Sequence[str] | None = 
     results: dict[str, tuple[EngineResult, Mapping[str, Any]]] = {}
     for name, rs in runs.items():
         med = sorted(rs, key=lambda r: r[0].records_per_s)[(len(rs) - 1) // 2]
-        results[name] = (med[0].with_(correct=all(r.correct for r, _ in rs),
+        results[name] = (replace(med[0], correct=all(r.correct for r, _ in rs),
                                       rounds_records_per_s=tuple(r.records_per_s for r, _ in rs)), med[1])
 
     report: dict[str, Any] = {

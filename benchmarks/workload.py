@@ -168,8 +168,7 @@ def find_generator() -> Path:
     env = os.environ.get("DELTAWHEEL_WORKLOAD_DIR")
     shared = _repo_root().parent / "shared" / "workload" / "gen.py"
     candidates = [*([Path(env) / "gen.py"] if env else []), shared]
-    found = next((c for c in candidates if c.is_file()), None)
-    if found is None:
+    if (found := next((c for c in candidates if c.is_file()), None)) is None:
         looked = ", ".join(str(c) for c in candidates)
         raise WorkloadError(f"reference workload generator gen.py not found (looked at {looked}); set "
                             "DELTAWHEEL_WORKLOAD_DIR to the folder holding WORKLOAD.md's gen.py")
@@ -199,13 +198,8 @@ def content_digest(files: tuple[Path, ...] | list[Path]) -> str:
 
 def ensure_workload(size: str, *, root: Path | None = None, params: WorkloadParams | None = None,
                     verify_content: bool = True) -> WorkloadData:
-    """Return the dataset for ``size``, generating it under ``root/DATA_<size>`` if absent.
-
-    Args:
-        size: ``small``, ``medium``, ``big`` or ``big-keys``; any other name needs ``params`` (an
-            unchecked dataset in ``root/DATA_<size>-<params>``).
-        root: default :func:`default_data_root`.
-        verify_content: also recompute the digest from the Parquet files, not only the manifest's.
+    """The dataset of a named ``size``, or of ``params`` under another name (unchecked), generated
+    under ``root`` (default :func:`default_data_root`) if absent; ``verify_content``: recompute its digest.
 
     Raises:
         WorkloadError: unknown size, generator missing or failing, or digest mismatch.

@@ -7,6 +7,7 @@ the pipeline goes on. docs/operations.md, "Garbage collection", "From the runnin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -148,11 +149,9 @@ class BackgroundGc:
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Wait for the run in progress (if any) to end; False if ``timeout_s`` passed first."""
-        t = self._thread
-        if t is not None:
+        if (t := self._thread) is not None:
             t.join(timeout_s)
-            return not t.is_alive()
-        return True
+        return t is None or not t.is_alive()
 
     @classmethod
     def every(cls, spark: Any, layout: StoreLayout, every: str | int, **options: Any) -> BackgroundGc:
@@ -166,10 +165,8 @@ class BackgroundGc:
 
     def _say(self, line: str) -> None:
         if self.progress is not None:
-            try:
+            with contextlib.suppress(Exception):  # a progress line must never fail the run
                 self.progress(line)
-            except Exception:  # a progress line must never fail the run
-                pass
 
     def _run(self) -> None:
         t0 = time.monotonic()

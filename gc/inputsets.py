@@ -112,8 +112,7 @@ def prune_input_sets(spark: Any, layout: StoreLayout, client: Any, *, pipelines:
         for r in list_leases(client, pipeline=pipeline):
             comps[r["computation"]] = max(comps.get(r["computation"], 0), int(r["interval"]) + 1)
         for comp, n in sorted(comps.items()):
-            stored = store.input_files(comp)
-            if not stored:
+            if not (stored := store.input_files(comp)):
                 continue
             if got is None:
                 got = read_ran(layout, since=ran)

@@ -27,8 +27,7 @@ def log_files(path: str, spark: Any | None = None) -> TableFiles | None:
 
 def log_entries(path: str, spark: Any | None = None) -> int:
     """How many versioned files a table's ``_delta_log`` holds; -1 where the file seam does not reach."""
-    folder = log_files(path, spark)
-    if folder is None:
+    if (folder := log_files(path, spark)) is None:
         return -1
     return sum(1 for n in folder.listdir() or [] if _VERSIONED.match(n))
 
@@ -36,8 +35,7 @@ def log_entries(path: str, spark: Any | None = None) -> int:
 def checkpoint_newest(spark: Any, path: str) -> int | None:
     """Checkpoint the table at its newest version if not done; the version checkpointed (None: it was)."""
     version = int(spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["version"])
-    folder = log_files(path, spark)
-    if folder is not None:
+    if (folder := log_files(path, spark)) is not None:
         cp, _ok = newest_checkpoint(folder.listdir() or [])
         if cp is not None and cp.version >= version:
             return None
@@ -51,8 +49,7 @@ def checkpoint_newest(spark: Any, path: str) -> int | None:
 def clean_log(path: str, *, cutoff_s: float, apply: bool, spark: Any | None = None) -> tuple[int, int | None]:
     """(log files before the newest checkpoint older than ``cutoff_s``, that checkpoint's version or None):
     deleted with ``apply``, else counted; (0, None) for a scheme the file seam does not reach."""
-    folder = log_files(path, spark)
-    if folder is None:
+    if (folder := log_files(path, spark)) is None:
         return 0, None
     mtimes = {name: mtime_ns / 1e9 for name, _size, mtime_ns in folder.list_files() or []}  # epoch seconds
     names = list(mtimes)

@@ -90,8 +90,7 @@ def save_checked(layout: StoreLayout, upto: int) -> bool:
     path, log = mark_path(layout), log_files(layout.rows)
     if path is None or log is None or upto < 0:
         return False
-    text = log.read_text(f"{upto:020d}.json")
-    if text is None:
+    if (text := log.read_text(f"{upto:020d}.json")) is None:
         return False
     doc = {"format_version": AUDIT_MARK_FORMAT_VERSION, "upto": upto, "fingerprint": _fingerprint(text)}
     return _keep_json(path, doc, what="the audit check's version")
@@ -151,8 +150,7 @@ def _fingerprint(text: str) -> str:
 
 def _load(layout: StoreLayout) -> RanLog:
     """The saved evidence if valid for the log now, else none (upto -1); ``read`` counts the check."""
-    doc = _kept_doc(saved_path(layout), RAN_LOG_FORMAT_VERSION)
-    if doc is None:
+    if (doc := _kept_doc(saved_path(layout), RAN_LOG_FORMAT_VERSION)) is None:
         return RanLog({})
     try:
         ran = {str(c): {int(iv): frozenset(str(n) for n in names) for iv, names in per.items()}

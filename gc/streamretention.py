@@ -1,13 +1,7 @@
-"""Stream retention that never undoes exactly-once delivery (``deltawheel gc --stream-retention-hours``).
-
-A checkpointed production is redelivered by insert-if-absent until the interval's next commit
-clears it, so a record retention removed would come back. Retention removes only records no rows
-commit still holds checkpointed:
-
-1. the stream's records older than the cutoff, from the table's current version ``S``;
-2. the productions checkpointed in the rows table, read after ``S`` (a record in ``S`` was
-   delivered after its commit, which either still holds it or was cleared by a later one);
-3. a MERGE by record id deletes the records of ``S`` not held; later ones wait for the next run."""
+"""Stream retention that never undoes exactly-once delivery (``gc --stream-retention-hours``,
+docs/operations.md): a record whose production a rows commit still holds checkpointed is kept (a
+restart would redeliver it). The rows table is read after the stream's version ``S``: a record in
+``S`` was delivered after its commit, which either still holds it or was cleared by a later one."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from deltawheel.statestore.zk.binding import store_path
@@ -42,14 +42,19 @@ def _object(client: KazooClient, path: str) -> dict[str, Any] | None:
         return None
 
 
+def _owner_paths(client: KazooClient, base: str) -> Iterator[str]:
+    """The lease owner znode of every interval of every computation under ``base``."""
+    for comp in _children(client, base):
+        for iv in _children(client, f"{base}/{comp}/intervals"):
+            yield f"{base}/{comp}/intervals/{iv}/owner"
+
+
 def _lease_holders(client: KazooClient, pipeline: str) -> set[str]:
     """The instance (and owner) names on the pipeline's held leases."""
     out: set[str] = set()
-    base = f"/pipelines/{pipeline}/computations"
-    for comp in _children(client, base):
-        for iv in _children(client, f"{base}/{comp}/intervals"):
-            raw = _object(client, f"{base}/{comp}/intervals/{iv}/owner") or {}
-            out.update(str(raw[k]) for k in ("instance", "owner") if raw.get(k))
+    for path in _owner_paths(client, f"/pipelines/{pipeline}/computations"):
+        raw = _object(client, path) or {}
+        out.update(str(raw[k]) for k in ("instance", "owner") if raw.get(k))
     return out
 
 
@@ -108,7 +113,8 @@ def _finished_replays(client: KazooClient, chroot: str, *, store_exists: Callabl
         stores = [str(b["root"]) for b in bindings if b is not None and b.get("root")]
         if not stores or any(store_exists(s) for s in stores):
             continue  # not a shadow store's chroot we can place, or its store is still there
-        if any(_held(client, f"{root}/pipelines/{p}/computations") for p in pipelines):
+        if any(client.exists(o) is not None for p in pipelines
+               for o in _owner_paths(client, f"{root}/pipelines/{p}/computations")):
             continue  # a replay runs in it
         if apply:
             try:
@@ -117,14 +123,6 @@ def _finished_replays(client: KazooClient, chroot: str, *, store_exists: Callabl
                 continue
         found.append(root)
     return found
-
-
-def _held(client: KazooClient, base: str) -> bool:
-    for comp in _children(client, base):
-        for iv in _children(client, f"{base}/{comp}/intervals"):
-            if client.exists(f"{base}/{comp}/intervals/{iv}/owner") is not None:
-                return True
-    return False
 
 
 def _local_store_exists(root: str) -> bool:

@@ -64,8 +64,7 @@ def _is_delta_table(spark: Any, path: str) -> bool:
 
 def _direct_versions(spark: Any, path: str) -> set[int] | None:
     """The ``version`` column of a ``_meta`` table read by Python (None: ask Delta; saves a Spark job)."""
-    files = _files(spark, path)
-    if files is None:
+    if (files := _files(spark, path)) is None:
         return None
     snap = read_snapshot(files)
     if snap is None or any(a.get("deletionVector") for a in snap.adds):

@@ -30,8 +30,7 @@ def _refuse_a_half_created_table(spark: Any, path: str) -> None:
     from deltawheel.statestore.delta.log import local_table_exists
     from deltawheel.statestore.delta.storefs import table_files
 
-    files = table_files(spark, path)
-    if files is None:
+    if (files := table_files(spark, path)) is None:
         return  # a scheme Python does not reach: Delta's own error stands
     names = files.sub("_delta_log").listdir()  # None: no such folder (an object store lists files only)
     if names is not None and local_table_exists(files) is False:

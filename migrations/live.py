@@ -18,12 +18,9 @@ __all__ = ["running_pipelines", "refuse_while_running", "refuse_while_running_on
 
 def running_pipelines(client: Any, *, rows_table_id: str) -> dict[str, list[str]]:
     """Pipeline -> owners of its held leases, for the store's pipelines that hold at least one."""
-    out: dict[str, list[str]] = {}
-    for p in bound_pipelines(client, rows_table_id=rows_table_id):
-        owners = sorted({str(r["owner"]) for r in list_leases(client, pipeline=p) if r["owner"] is not None})
-        if owners:
-            out[p] = owners
-    return out
+    held = {p: {str(r["owner"]) for r in list_leases(client, pipeline=p) if r["owner"] is not None}
+            for p in bound_pipelines(client, rows_table_id=rows_table_id)}
+    return {p: sorted(owners) for p, owners in held.items() if owners}
 
 
 def refuse_while_running(client: Any, layout: StoreLayout, *, rows_table_id: str, pending: Sequence[Any]) -> None:
@@ -34,8 +31,7 @@ def refuse_while_running(client: Any, layout: StoreLayout, *, rows_table_id: str
     """
     if not pending:
         return
-    running = running_pipelines(client, rows_table_id=rows_table_id)
-    if not running:
+    if not (running := running_pipelines(client, rows_table_id=rows_table_id)):
         return
     who = "; ".join(f"pipeline {p!r} (lease owners: {', '.join(owners)})" for p, owners in running.items())
     steps = ", ".join(f"{m.version} ({m.name})" for m in pending)

@@ -103,11 +103,11 @@ class ImagePath(WritePath[BatchOutput]):
         except StaleSequencerError:
             self.owner.release()
             raise
-        merge = found.merge_productions()
-        if merge:
+        merge = sorted((p for c in found.merge for p in c.prods), key=lambda p: (p.timestamp_ms, p.production_id))
+        if merge:  # in timestamp order, each with the id of the commit that checkpointed it
             self.streams_ready()
             deliver_productions(self.spark, self.layout, merge, producer=self.name,
-                                commit_ids=found.merge_commit_ids())
+                                commit_ids={p.production_id: c.commit_id for c in found.merge for p in c.prods})
         return Recovered(appended=appended, merged=len(merge))
 
     def streams_ready(self) -> None:

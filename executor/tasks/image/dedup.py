@@ -55,13 +55,10 @@ def dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
         if maybe * 8 < n_apart:
             # few candidates: pick the stored ids equal to one of them first (pick_ids)
             import numpy as np
-            import pyarrow.compute as pc
 
             at = np.flatnonzero(flags)
             cand = inp.table.column("record_id").combine_chunks().take(pa.array(at))
-            apart = pick_ids(live, cand, inp.hashes[at])
-            if legacy.num_rows:
-                apart = pa.concat_tables([apart, legacy.filter(pc.is_in(legacy.column("record_id"), value_set=cand))])
+            apart = pick_ids(live, cand, inp.hashes[at], legacy)
         elif apart is None:
             apart = apart_held(live, legacy)
         held = within(apart, spec.horizon_ms)

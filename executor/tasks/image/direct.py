@@ -10,12 +10,7 @@ from typing import Any, Sequence
 
 from deltawheel.statestore.delta.jvm import jframe
 from deltawheel.statestore.delta.sourceoffsets import add_file_name, batch_adds
-from deltawheel.statestore.delta.storefs import (
-    S3Settings,
-    TableFiles,
-    files_for,
-    local_path,
-)
+from deltawheel.statestore.delta.storefs import S3Settings, TableFiles, files_for, local_path
 from deltawheel.statestore.rowtable.rows import MAX_KEY_BYTES, key_hash
 
 from ...exceptions import InputFileError

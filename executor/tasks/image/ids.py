@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from deltawheel.statestore.rowtable.rows import FENCE_KEY
+from deltawheel.statestore.writepath.image.idsfiles import flatten_ids, within
 
 from ...computation import Computation
 from ..usercode.columns import Input, py_list
 
-__all__ = ["HeldIds", "flat_ids", "already_seen", "with_ids", "trim_ids", "expired_ids", "drop_empty"]
+__all__ = ["HeldIds", "flat_ids", "already_seen", "pair_hits", "with_ids", "trim_ids", "expired_ids", "drop_empty"]
 
 
 @dataclass
@@ -23,20 +24,8 @@ class HeldIds:
 
 def flat_ids(sub: Any, horizon_ms: int | None) -> HeldIds:
     """The record ids the rows ``sub`` hold, flattened (``.table``: those seen at ``horizon_ms`` or later)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    lst = sub.column("record_ids").combine_chunks()
-    if len(lst) == 0:
-        empty = pa.table({"key": pa.array([], pa.string()), "record_id": pa.array([], pa.string()),
-                          "seen_ms": pa.array([], pa.int64())})
-        return HeldIds(empty, empty)
-    parents = pc.list_parent_indices(lst)
-    flat = pc.list_flatten(lst)
-    held = pa.table({"key": sub.column("key").combine_chunks().take(parents),
-                     "record_id": flat.field("record_id"), "seen_ms": flat.field("seen_ms")})
-    table = held if horizon_ms is None else held.filter(pc.greater_equal(held.column("seen_ms"), horizon_ms))
-    return HeldIds(held, table)
+    held = flatten_ids(sub)
+    return HeldIds(held, within(held, horizon_ms))
 
 
 def already_seen(comp: Computation, inp: Input, ids: HeldIds, *, maybe: Any = None) -> list[bool] | None:
@@ -65,10 +54,16 @@ def already_seen(comp: Computation, inp: Input, ids: HeldIds, *, maybe: Any = No
     # ids alone first (no replays: the usual case), then (key, id) pairs
     if not pc.any(pc.is_in(inp.table.column("record_id"), value_set=held.column("record_id"))).as_py():
         return None
-    pairs = pc.binary_join_element_wise(inp.table.column("key"), inp.table.column("record_id"), "\x00")
-    old = pc.binary_join_element_wise(held.column("key"), held.column("record_id"), "\x00")
-    hit = pc.is_in(pairs, value_set=old)
+    hit = pair_hits(inp.table, held)
     return py_list(hit) if pc.any(hit).as_py() else None
+
+
+def pair_hits(recs: Any, held: Any) -> Any:
+    """Per row of ``recs``: whether ``held`` holds its (key, record id) pair."""
+    import pyarrow.compute as pc
+
+    pairs = pc.binary_join_element_wise(recs.column("key"), recs.column("record_id"), "\x00")
+    return pc.is_in(pairs, value_set=pc.binary_join_element_wise(held.column("key"), held.column("record_id"), "\x00"))
 
 
 def with_ids(rows: Any, old: HeldIds, schema: Any) -> Any:

@@ -19,6 +19,7 @@ from deltawheel.statestore.writepath.image.files import (
 from deltawheel.statestore.writepath.image.idhash import id_hashes
 from deltawheel.statestore.writepath.image.idsfiles import (
     IdsFile,
+    emptied,
     load_ids_file,
     pick_ids,
     split_legacy,
@@ -38,7 +39,7 @@ from ..usercode.columns import Input, OldRows, py_list
 from ..usercode.keys import KeyLoop
 from .cache import keep_image, load_image
 from .dedup import BloomCounts, bloom_paths, carry_bloom, dedup
-from .ids import HeldIds, drop_empty, expired_ids, flat_ids, trim_ids, with_ids
+from .ids import HeldIds, drop_empty, expired_ids, flat_ids, pair_hits, trim_ids, with_ids
 from .spec import ImageSpec
 
 __all__ = ["run_interval"]
@@ -193,7 +194,7 @@ def _new_image(spec: ImageSpec, iv: int, image: Any, ran: _Ran, has_pending: boo
 
     rest = trim_ids(image.filter(pc.invert(ran.mask)), spec.horizon_ms)
     if has_pending:
-        rest = _without_pending(rest)
+        rest = emptied(rest, "pending")
     schema = spec.rows_schema
     new_rows = ran.loop.rows.table(schema.remove(schema.get_field_index("record_ids")), sequencer=spec.sequencers[iv],
                                    commit_id=spec.commit_id, now_ms=spec.now_ms, format_version=ROW_FORMAT_VERSION)
@@ -202,7 +203,7 @@ def _new_image(spec: ImageSpec, iv: int, image: Any, ran: _Ran, has_pending: boo
         sub = ran.sub
         same = trim_ids(sub.filter(pc.is_in(sub.column("key"), value_set=pa.array(ran.loop.unchanged, pa.string()))),
                         spec.horizon_ms)
-        parts.append(drop_empty(_without_pending(same) if has_pending else same))
+        parts.append(drop_empty(emptied(same, "pending") if has_pending else same))
     return pa.concat_tables(parts).combine_chunks()
 
 
@@ -278,15 +279,11 @@ def _route_late(comp: Computation, recs: Any, image: Any, horizon_ms: int | None
         held = flat_ids(image.filter(pc.is_in(image.column("key"), value_set=lkeys)), horizon_ms).table
         # of the ids files, only the rows of the late records' ids can match (their hash buckets)
         lids = lrecs.column("record_id").combine_chunks()
-        apart = pick_ids(live, lids, id_hashes(lids))
-        if legacy.num_rows:
-            apart = pa.concat_tables([apart, legacy.filter(pc.is_in(legacy.column("record_id"), value_set=lids))])
+        apart = pick_ids(live, lids, id_hashes(lids), legacy)
         if apart.num_rows:
             held = pa.concat_tables([held, within(apart, horizon_ms)])
         if held.num_rows:
-            pairs = pc.binary_join_element_wise(recs.column("key"), recs.column("record_id"), "\x00")
-            old = pc.binary_join_element_wise(held.column("key"), held.column("record_id"), "\x00")
-            route = pc.and_(late, pc.invert(pc.is_in(pairs, value_set=old)))
+            route = pc.and_(late, pc.invert(pair_hits(recs, held)))
     side: list[SideRecord] = []
     ids: set[str] = set()
     for r in recs.filter(route).to_pylist():
@@ -294,17 +291,6 @@ def _route_late(comp: Computation, recs: Any, image: Any, horizon_ms: int | None
             ids.add(r["record_id"])
             side.append(SideRecord.of_input("late", r, r["key"], None))
     return recs.filter(pc.invert(route)), side
-
-
-def _without_pending(t: Any) -> Any:
-    import numpy as np
-    import pyarrow as pa
-
-    idx = t.schema.get_field_index("pending")
-    field = t.schema.field(idx)
-    empty = pa.ListArray.from_arrays(pa.array(np.zeros(t.num_rows + 1, dtype=np.int32)),
-                                     pa.array([], field.type.value_type), type=field.type)
-    return t.set_column(idx, field, empty)
 
 
 def _retention_ms(comp: Computation) -> int | None:

@@ -162,7 +162,7 @@ class ImageTasks:
         """The batch's lazy job: the input shuffled to ``mapInArrow`` tasks, or one RDD task per partition."""
         comp = self.comp
         ivs = sorted(self.path.owner.intervals)
-        place = self._place(ivs, self.partitions)
+        place = self._placement = place_intervals(ivs, self._work, self.partitions, self._placement)
         spec = ImageSpec(
             comp=comp, rows_root=self.path.rows_files,
             images=self.path.images(),
@@ -218,12 +218,8 @@ class ImageTasks:
             self._marker_frame = (key, df)
         return self._marker_frame[1]
 
-    def _place(self, ivs: list[int], partitions: int) -> tuple[tuple[int, int], ...]:
-        self._placement = place_intervals(ivs, self._work, partitions, self._placement)
-        return self._placement
-
     def observe(self, run: BatchRun[BatchOutput]) -> None:
-        """Remember each interval's work in this batch (for :meth:`_place`)."""
+        """Remember each interval's work in this batch (for the placement of :meth:`plan`)."""
         for iv, s in run.batch.intervals():
             w = float(s.processed + s.fired + s.duplicates)
             self._work[iv] = 0.5 * self._work.get(iv, 0.0) + w

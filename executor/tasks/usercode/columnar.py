@@ -105,11 +105,8 @@ class ColumnarLoop:
         self.all_ran = k.all_ran and self.all_ran
         self.id_keys = k.id_keys + self.id_keys
         self.id_values = k.id_values + self.id_values
-        self.processed += k.processed
-        self.duplicates += k.duplicates
-        self.fired += k.fired
-        self.written += k.written
-        self.late += k.late
+        for count in ("processed", "duplicates", "fired", "written", "late"):
+            setattr(self, count, getattr(self, count) + getattr(k, count))
         self.keys_expired = k.keys_expired
 
     def _run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None) -> None:
@@ -205,7 +202,6 @@ class ColumnarLoop:
             if flags[n:].any():  # a late record after an on-time one: the key runs per record
                 out.add(key)
                 continue
-            # (no values to decode: ``takes_columnar``)
             recs = inp.run_records(lo, lo + n) if unseen is None else inp.records_at(at[:n])
             j = old.index.get(key)
             ctx = (new_ctx(key, None, {}, None, None, None) if j is None else

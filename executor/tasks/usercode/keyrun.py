@@ -103,11 +103,8 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     changed = bool(fresh or fired or prods) or ids != old_ids or (
         row is not None and (state != row.state or timers != row.timers))
     empty = state is None and not timers and not pending and not ids and hold is None
-    if empty:
-        new_row = None
-    else:
-        base = row or make_row(comp.name, key, interval, None, codec.name, (), None)
-        new_row = updated_row(base, state, ctx.stored_codec(), timers, ids, pending, hold, ctx.timer_seq)
+    new_row = None if empty else updated_row(row or make_row(comp.name, key, interval, None, codec.name, (), None),
+                                             state, ctx.stored_codec(), timers, ids, pending, hold, ctx.timer_seq)
     return KeyOutcome(row=new_row, changed=changed or (row is not None and empty), productions=prods,
                       processed=len(fresh), duplicates=dups, timers_fired=fired, late=late, dead_letters=tuple(dead),
                       new_record_ids=tuple(fresh) if exactly_once else (), ids_expired=expired,

@@ -15,8 +15,8 @@ from .files import IDS_FILE_TAG, ids_level
 from .idhash import id_hashes
 from .summary import ImageFile
 
-__all__ = ["IdsFile", "adopt", "apart_held", "forget_below", "hash_index", "keep_index", "within",
-           "load_ids_file", "pick_ids", "split_legacy", "empty_flat", "plan_compaction", "write_ids_file",
+__all__ = ["IdsFile", "adopt", "apart_held", "emptied", "flatten_ids", "forget_below", "hash_index", "keep_index",
+           "within", "load_ids_file", "pick_ids", "split_legacy", "empty_flat", "plan_compaction", "write_ids_file",
            "FAN_IN", "BUCKETS_PER_HORIZON"]
 
 FAN_IN = 8  # files of one level and bucket merged into one of the next level
@@ -50,7 +50,7 @@ def empty_flat() -> Any:
                      "seen_ms": pa.array([], pa.int64())})
 
 
-def _flat(t: Any, *, strip: int = 0) -> Any:
+def flatten_ids(t: Any, *, strip: int = 0) -> Any:
     """The key / record_id / seen_ms table of rows ``t`` (``strip``: characters cut off each key)."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -78,7 +78,7 @@ def load_ids_file(root: TableFiles, rel: str) -> IdsFile:
     cols = ["key", "record_ids", "updated_ms"]
     t = root.read_parquet(rel, columns=cols) if root.is_local else root.parquet_file(rel).read(columns=cols)
     written = pc.max(t.column("updated_ms")).as_py()
-    got = IdsFile(rel, ids_level(rel), int(written or 0), _flat(t, strip=len(IDS_KEY_PREFIX)))
+    got = IdsFile(rel, ids_level(rel), int(written or 0), flatten_ids(t, strip=len(IDS_KEY_PREFIX)))
     remember_ids_file(got)
     return got
 
@@ -123,8 +123,9 @@ def _hash_index(f: IdsFile) -> tuple[Any, Any, int]:
     return got
 
 
-def pick_ids(files: Sequence[IdsFile], ids: Any, hashes: Any) -> Any:
-    """The rows of ``files`` whose record id is one of ``ids``, comparing only their hash buckets."""
+def pick_ids(files: Sequence[IdsFile], ids: Any, hashes: Any, legacy: Any = None) -> Any:
+    """The rows of ``files`` (and of the ids table ``legacy``) whose record id is one of ``ids``,
+    comparing only the files' hash buckets."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -145,6 +146,8 @@ def pick_ids(files: Sequence[IdsFile], ids: Any, hashes: Any) -> Any:
         pos = np.repeat(lo - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens) + np.arange(total)
         rows = f.flat.take(pa.array(np.unique(order[pos])))
         parts.append(rows.filter(pc.is_in(rows.column("record_id"), value_set=ids)))
+    if legacy is not None and legacy.num_rows:
+        parts.append(legacy.filter(pc.is_in(legacy.column("record_id"), value_set=ids)))
     return pa.concat_tables(parts) if parts else empty_flat()
 
 
@@ -152,7 +155,6 @@ def split_legacy(image: Any, *, inline: bool) -> tuple[Any, Any]:
     """(``image`` without ids rows, and with empty ``record_ids`` when ``inline``; the ids taken out).
 
     ``image`` itself when it holds none."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -165,16 +167,23 @@ def split_legacy(image: Any, *, inline: bool) -> tuple[Any, Any]:
         return image, empty_flat()
     parts = []
     if has_rows:
-        parts.append(_flat(image.filter(is_ids), strip=len(IDS_KEY_PREFIX)))
+        parts.append(flatten_ids(image.filter(is_ids), strip=len(IDS_KEY_PREFIX)))
         image = image.filter(pc.invert(is_ids))
     if n_inline:
-        parts.append(_flat(image))
-        idx = image.schema.get_field_index("record_ids")
-        field = image.schema.field(idx)
-        empty = pa.ListArray.from_arrays(pa.array(np.zeros(image.num_rows + 1, dtype=np.int32)),
-                                         pa.array([], field.type.value_type), type=field.type)
-        image = image.set_column(idx, field, empty)
+        parts.append(flatten_ids(image))
+        image = emptied(image, "record_ids")
     return image.combine_chunks(), pa.concat_tables(parts)
+
+
+def emptied(t: Any, column: str) -> Any:
+    """``t`` with each list of its list column ``column`` empty."""
+    import numpy as np
+    import pyarrow as pa
+
+    idx = t.schema.get_field_index(column)
+    field = t.schema.field(idx)
+    return t.set_column(idx, field, pa.ListArray.from_arrays(pa.array(np.zeros(t.num_rows + 1, dtype=np.int32)),
+                                                             pa.array([], field.type.value_type), type=field.type))
 
 
 def plan_compaction(live: Sequence[IdsFile], *, now_ms: int, retention_ms: int) -> tuple[int, list[IdsFile]]:

@@ -13,7 +13,7 @@ from .idhash import id_hashes
 from .idsfiles import IdsFile, adopt, hash_index, plan_compaction, within, write_ids_file
 from .summary import ImageFile
 
-__all__ = ["IdsBatch", "pending", "prepare", "prepare_next", "take", "write_batch_ids"]
+__all__ = ["IdsBatch", "prepare", "prepare_next", "take", "write_batch_ids"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,13 +51,6 @@ class _Prepared:
 
 _PREPARED: dict[tuple[str, int], _Prepared] = {}  # (computation, interval) -> its prepared merge
 _LOCK = threading.Lock()
-
-
-def pending(computation: str, interval: int) -> frozenset[str] | None:
-    """The files the merge prepared (or being prepared) for this interval takes in, if any."""
-    with _LOCK:
-        got = _PREPARED.get((computation, interval))
-    return None if got is None else got.inputs
 
 
 def prepare(computation: str, interval: int, files: Sequence[IdsFile], *, level: int, sequencer: int,
@@ -126,7 +119,9 @@ def prepare_next(batch: IdsBatch, live: list[IdsFile], retention_ms: int | None)
         return
     # what the next batch would take in if it ran now (its new file counted): none, no merge
     level, files = plan_compaction(live, now_ms=batch.now_ms, retention_ms=retention_ms or 1)
-    if not files or pending(batch.computation, batch.interval) == frozenset(f.path for f in files):
+    with _LOCK:  # the merge prepared (or being prepared) for the interval
+        got = _PREPARED.get((batch.computation, batch.interval))
+    if not files or (got is not None and got.inputs == frozenset(f.path for f in files)):
         return
 
     def merge(files: Sequence[IdsFile]) -> tuple[ImageFile, IdsFile]:

@@ -8,6 +8,7 @@ import itertools
 import json
 import random
 import time
+from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 from ...delta.log import commit_infos, user_metadata
@@ -47,13 +48,11 @@ class ImagePath(WritePath[BatchOutput]):
                  retention_ms: int | None) -> None:
         self.spark = spark
         self.layout = layout
-        self._rows_files: TableFiles | None = None
         self._stream_files: dict[str, TableFiles] = {}
         self.owner = owner
         self.name = name
         self.outputs = tuple(outputs)
         self.retention_ms = retention_ms
-        self._log: TableLog | None = None
         self.files: dict[int, list[FileEntry]] = {}
         self.version = -1
         self._streams: dict[str, TableLog] = {}
@@ -62,21 +61,17 @@ class ImagePath(WritePath[BatchOutput]):
         self._next_proc: dict[int, int | None] = {}
         self._tables: Beside | None = None  # the output streams' tables being made (streams_ready)
 
-    @property
+    @cached_property
     def log(self) -> TableLog:
         """The rows table's log (opened on first use: after the store exists)."""
-        if self._log is None:
-            self._log = TableLog(self.spark, self.layout.rows)
-        return self._log
+        return TableLog(self.spark, self.layout.rows)
 
-    @property
+    @cached_property
     def rows_files(self) -> TableFiles:
         """The rows table's files (what the tasks read and write)."""
-        if self._rows_files is None:
-            files = table_files(self.spark, self.layout.rows)
-            assert files is not None  # the executor picks this path only where storefs.supports the store
-            self._rows_files = files
-        return self._rows_files
+        files = table_files(self.spark, self.layout.rows)
+        assert files is not None  # the executor picks this path only where storefs.supports the store
+        return files
 
     def stream_files(self, stream: str) -> TableFiles:
         """The files of ``stream``'s table, once the table exists (:meth:`streams_ready`)."""
@@ -87,11 +82,6 @@ class ImagePath(WritePath[BatchOutput]):
             assert got is not None  # the same store as the rows table
             files = self._stream_files[stream] = got
         return files
-
-    def _pred(self, ivs: Sequence[int]) -> str:
-        return f"computation = '{self.name}' AND interval IN ({', '.join(str(i) for i in ivs)})"
-
-    # ---------------------------------------------------------- acquisition
 
     def acquire(self, intervals: Sequence[int] | None, *, wait_s: float = 0.0) -> Recovered:
         """Take and fence the intervals with a claim (its fence rows checked in the images), then recover."""
@@ -113,11 +103,11 @@ class ImagePath(WritePath[BatchOutput]):
         except StaleSequencerError:
             self.owner.release()
             raise
-        merge = found.merge_productions()
-        if merge:
+        merge = sorted((p for c in found.merge for p in c.prods), key=lambda p: (p.timestamp_ms, p.production_id))
+        if merge:  # in timestamp order, each with the id of the commit that checkpointed it
             self.streams_ready()
             deliver_productions(self.spark, self.layout, merge, producer=self.name,
-                                commit_ids=found.merge_commit_ids())
+                                commit_ids={p.production_id: c.commit_id for c in found.merge for p in c.prods})
         return Recovered(appended=appended, merged=len(merge))
 
     def streams_ready(self) -> None:
@@ -152,7 +142,8 @@ class ImagePath(WritePath[BatchOutput]):
         ivs = sorted(self.owner.intervals)
         name, wanted = self.name, {str(iv) for iv in ivs}
         version, files = self.log.files(
-            self._pred(ivs), where=lambda pv: pv.get("computation") == name and pv.get("interval") in wanted)
+            f"computation = '{name}' AND interval IN ({', '.join(map(str, ivs))})",
+            where=lambda pv: pv.get("computation") == name and pv.get("interval") in wanted)
         self.files = {iv: [] for iv in ivs}
         for f in files:
             self.files.setdefault(int(f.part("interval") or -1), []).append(f)
@@ -220,8 +211,6 @@ class ImagePath(WritePath[BatchOutput]):
                                            files={iv: self.files.get(iv, []) for iv in ivs}, version=self.version)
         self.files.update(new)
 
-    # ------------------------------------------------------------------ step 5
-
     def commit(self, out: BatchOutput, *, commit_id: str, meta: Mapping[str, Any]) -> bool:
         """:meth:`WritePath.commit` of the new images; ``out.version`` becomes the rows version it made."""
         name = self.name
@@ -280,8 +269,6 @@ class ImagePath(WritePath[BatchOutput]):
         for iv, s in out.intervals():
             self._oldest[iv] = s.oldest_ms
             self._next_proc[iv] = s.next_proc_ms
-
-    # ------------------------------------------------------------------ step 6
 
     def deliver(self, out: BatchOutput, *, strong: bool) -> int:
         """:meth:`WritePath.deliver`: ``strong`` appends once per (interval, rows version)."""

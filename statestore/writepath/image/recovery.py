@@ -38,14 +38,6 @@ class Recovery:
     appends: list[Checkpoint]
     merge: list[Checkpoint]
 
-    def merge_productions(self) -> list[Production]:
-        """The productions of ``merge``, in timestamp order."""
-        return sorted((p for c in self.merge for p in c.prods), key=lambda p: (p.timestamp_ms, p.production_id))
-
-    def merge_commit_ids(self) -> dict[str, str | None]:
-        """production id -> the id of the commit that checkpointed it (None: not known)."""
-        return {p.production_id: c.commit_id for c in self.merge for p in c.prods}
-
 
 def scan(root: TableFiles, files: Mapping[int, Sequence[FileEntry]], *, name: str, sequencers: Mapping[int, int],
          retention_ms: int | None) -> tuple[Recovery, list[Checkpoint]]:

@@ -3,7 +3,7 @@ of :data:`SUMMARY_DDL`; one that is :class:`Fenced` makes the driver raise ``Sta
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Sequence
 
 from ...rowtable.frames import local_frame
@@ -47,8 +47,7 @@ class ProductionFile:
 
     def to_row(self) -> dict[str, Any]:
         """The file as a ``prod_files`` element of a summary row."""
-        return {"stream": self.stream, "path": self.path, "size": self.size, "num_rows": self.num_rows,
-                "min_ts": self.min_ts}
+        return asdict(self)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ProductionFile:
@@ -103,6 +102,7 @@ class Fenced:
 
 _COUNTS = ("records_in", "processed", "duplicates", "fired", "late", "n_prods", "n_dead", "keys_written",
            "ids_expired", "keys_expired", "bloom_checked", "bloom_maybe", "bloom_false_pos", "bloom_bytes", "images_read")
+_OPTIONAL = ("oldest_ms", "next_proc_ms", "obs_min", "obs_max")  # None: not known
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,12 +148,8 @@ class IntervalSummary:
         for prefix, img in (("new", self.image), ("ids", self.ids_file), ("merged", self.ids_merged)):
             row.update({f"{prefix}_path": img and img.path, f"{prefix}_size": img and img.size,
                         f"{prefix}_rows": img and img.rows})
-        row.update((c, getattr(self, c)) for c in _COUNTS)
-        f = self.fenced
-        row.update(oldest_ms=self.oldest_ms, next_proc_ms=self.next_proc_ms, obs_min=self.obs_min,
-                   obs_max=self.obs_max,
-                   fenced=None if f is None else {"computation": f.computation, "sequencer": f.sequencer,
-                                                  "ours": f.ours})
+        row.update((c, getattr(self, c)) for c in (*_COUNTS, *_OPTIONAL))
+        row["fenced"] = None if self.fenced is None else asdict(self.fenced)
         return row
 
     @classmethod
@@ -170,10 +166,8 @@ class IntervalSummary:
             if row.get("merged_path") else None,
             prod_files=tuple(ProductionFile.from_row(p) for p in row.get("prod_files") or ()),
             side=tuple(SideRecord.from_row(s) for s in row.get("side") or ()),
-            oldest_ms=row.get("oldest_ms"), next_proc_ms=row.get("next_proc_ms"), obs_min=row.get("obs_min"),
-            obs_max=row.get("obs_max"),
             fenced=None if f is None else Fenced(f["computation"], f.get("sequencer"), int(f["ours"])),
-            **{c: int(row.get(c) or 0) for c in _COUNTS})
+            **{c: row[c] for c in _OPTIONAL if c in row}, **{c: int(row.get(c) or 0) for c in _COUNTS})
 
 
 @dataclass

@@ -63,21 +63,18 @@ def add_key_args(p: argparse.ArgumentParser) -> None:
 def add_zk_args(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:
     """Add the ZooKeeper options to ``p``; ``timeout``: also ``--zk-timeout``."""
     g = p.add_argument_group("ZooKeeper")
-    g.add_argument(
-        "--zk", default=os.environ.get("DELTAWHEEL_ZK"),
-        help="ZooKeeper connection string host:port[,host:port] (env DELTAWHEEL_ZK; default: a local "
-        "--store's own embedded server, started or shared on a port of its own, see 'deltawheel zk status "
-        f"--store DIR'; else 127.0.0.1:{DEFAULT_ZK_PORT})",
-    )
+    g.add_argument("--zk", default=os.environ.get("DELTAWHEEL_ZK"),
+                   help="host:port[,host:port] (env DELTAWHEEL_ZK; default: a local --store's own embedded "
+                        f"server, see 'deltawheel zk status --store DIR'; else 127.0.0.1:{DEFAULT_ZK_PORT})")
     g.add_argument("--zk-chroot", default=os.environ.get("DELTAWHEEL_ZK_CHROOT", "/deltawheel"),
                    help="znode path all of deltawheel's znodes live below")
     g.add_argument("--zk-digest", default=os.environ.get("DELTAWHEEL_ZK_DIGEST"),
                    help="user:password for digest ACLs on lease znodes (env DELTAWHEEL_ZK_DIGEST)")
     g.add_argument("--zk-session-timeout", type=float,
                    default=float(os.environ.get("DELTAWHEEL_ZK_SESSION_TIMEOUT", ZkConfig.session_timeout_s)),
-                   help="ZooKeeper session timeout in seconds (env DELTAWHEEL_ZK_SESSION_TIMEOUT; default "
-                        f"{ZkConfig.session_timeout_s:g}): a shorter outage only pauses commits, a longer one "
-                        "stops the run; a killed run's leases stay held this long")
+                   help="seconds (env DELTAWHEEL_ZK_SESSION_TIMEOUT; default "
+                        f"{ZkConfig.session_timeout_s:g}): a shorter outage pauses commits, a longer one "
+                        "stops the run; leases of a killed run stay held this long")
     if timeout:
         p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
 
@@ -113,20 +110,16 @@ def handover_wait_s(args: argparse.Namespace) -> float:
 def add_max_pause_arg(p: argparse.ArgumentParser) -> None:
     """Add ``--max-pause SECONDS``."""
     p.add_argument("--max-pause", type=_non_negative, default=DEFAULT_MAX_PAUSE_S, metavar="SECONDS",
-                   help="while ZooKeeper does not serve (the ensemble lost its quorum, the server is down) batches "
-                        "pause, commit nothing, and resume when it serves again; stop the run after this many "
-                        f"seconds of pause (default {DEFAULT_MAX_PAUSE_S:g}; 'inf': as long as the ZooKeeper session "
-                        "is not reported expired). A ZooKeeper that came back without its data is not waited for: "
-                        "the run stops once paused past the session timeout (CoordinatorStateLostError)")
+                   help="batches pause while ZooKeeper does not serve; stop the run after this many seconds "
+                        f"of pause (default {DEFAULT_MAX_PAUSE_S:g}; 'inf': until the session is reported "
+                        "expired; docs/coordinator-recovery.md)")
 
 
 def add_gc_every_arg(p: Any) -> None:
     """Add ``--gc-every N|DURATION`` (``gc/background.py``)."""
     p.add_argument("--gc-every", default=None, type=_gc_every, metavar="N|DURATION",
-                   help="run gc's Delta passes (OPTIMIZE, VACUUM past 168 h, log checkpoints, metrics retention 720 h) "
-                        "from the running pipeline every N batches (e.g. 50) or every DURATION (30s, 10m, 1h), in a "
-                        "thread beside the stages: none waits for it; a line says when a run starts and what it did "
-                        "(default: never; `deltawheel gc` for the other passes and settings)")
+                   help="run gc's Delta passes from the running pipeline every N batches (e.g. 50) or every "
+                        "DURATION (30s, 10m, 1h), beside the stages (default: never; docs/operations.md, gc)")
 
 
 def _gc_every(text: str) -> str:

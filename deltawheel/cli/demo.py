@@ -11,15 +11,7 @@ import sys
 import time
 from typing import Any
 
-from .common import (
-    add_run_args,
-    add_store_arg,
-    engine_from,
-    layout_from,
-    spark_from,
-    timed_say,
-    zookeeper_for,
-)
+from . import common
 
 __all__ = ["register", "demo_injector", "demo_computations", "parse_retention"]
 
@@ -27,7 +19,7 @@ __all__ = ["register", "demo_injector", "demo_computations", "parse_retention"]
 def register(sub: Any) -> None:
     """Add the ``demo`` subcommand to ``sub``."""
     p = sub.add_parser("demo", help="run the Zeitgeist demo pipeline (window counts, model, spike/dip detection)")
-    add_store_arg(p, required=False)
+    common.add_store_arg(p, required=False)
     p.add_argument("--events", type=int, default=20_000, help="generated search queries (default 20000)")
     p.add_argument("--scale", type=float, default=None, metavar="X",
                    help="generate X times --events (e.g. --scale 10: 200000 queries over ten times the event-time "
@@ -65,7 +57,7 @@ def register(sub: Any) -> None:
                    help="how long each stage keeps the ids of the records it ran, to drop a record delivered "
                         "again (exactly-once; Computation.dedup_retention): a duration with its unit (90s, 10m, "
                         "1h; default 10m); a run longer than it keeps only its last DURATION's ids")
-    add_run_args(p)
+    common.add_run_args(p)
     p.set_defaults(func=_run, store=None)
 
 
@@ -87,15 +79,15 @@ def _run(args: argparse.Namespace) -> int:
         args.events, args.scale = scaled_events(args.events, args.scale), None
     if args.store is None:
         args.store = os.path.join("data", "demo")
-    layout = layout_from(args)
+    layout = common.layout_from(args)
     if layout.is_local:
         from ..demo.follow import check_store
 
         check_store(layout, follow=False)
-    progress = timed_say(time.monotonic())
-    zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
+    progress = common.timed_say(time.monotonic())
+    zookeeper = common.zookeeper_for(args, layout)  # the store's own server unless --zk is given
     cfg = zookeeper.config
-    spark = spark_from(args, announce=True)
+    spark = common.spark_from(args, announce=True)
     injector = demo_injector(args, layout)
     pipeline = Pipeline(name="zeitgeist", injectors=(injector,), computations=demo_computations(args))
     background = None
@@ -172,18 +164,18 @@ def _follow(args: argparse.Namespace) -> int:
 
     if args.store is None:
         args.store = os.path.join("data", "demo-follow")
-    layout = layout_from(args)
+    layout = common.layout_from(args)
     window_ms = int(round(args.window * 1000))
     check_settings(layout, rate=args.rate, seconds=args.seconds, window_ms=window_ms,  # before anything starts
                    instance=args.instance)
-    progress = timed_say(time.monotonic())
+    progress = common.timed_say(time.monotonic())
     names = tuple(f"{c.name} batch " for c in computations())
 
     def runner_lines(line: str) -> None:
         if not line.startswith(names):  # a line per batch is too many here
             progress(line)
 
-    with engine_from(args, layout, "zeitgeist") as (spark, engine):
+    with common.engine_from(args, layout, "zeitgeist") as (spark, engine):
         engine.progress = runner_lines
         result = follow(engine, os.path.join(_input_root(args, layout), "follow"), rate=args.rate,
                         seconds=args.seconds, seed=args.seed, every_s=args.every, window_ms=window_ms, say=progress,

@@ -8,16 +8,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
-from .common import (
-    Progress,
-    add_log_store_zk_args,
-    add_spark_args,
-    add_store_arg,
-    connected,
-    layout_from,
-    spark_from,
-    store_zookeeper,
-)
+from . import common
 
 __all__ = ["register"]
 
@@ -44,7 +35,7 @@ _seconds = _amount("seconds", finite=True)
 def register(sub: Any) -> None:
     """Add the ``gc`` subcommand to ``sub``."""
     p = sub.add_parser("gc", help="compact and vacuum the store's tables, apply stream retention (dry run by default)")
-    add_store_arg(p)
+    common.add_store_arg(p)
     p.add_argument("--apply", action="store_true", help="do it (default: print the plan)")
     p.add_argument("--stream-retention-hours", type=_hours, default=None,
                    help="delete stream records older than this (event time); default or 'inf': keep all")
@@ -75,8 +66,8 @@ def register(sub: Any) -> None:
     p.add_argument("--lease-wait", type=_seconds, default=60.0, metavar="SECONDS",
                    help="the input_sets pass waits this long for running owners to hand their intervals over at "
                    "a batch boundary (default 60); a computation not handed over is left as it is")
-    add_log_store_zk_args(p, digest=True)
-    add_spark_args(p)
+    common.add_log_store_zk_args(p, digest=True)
+    common.add_spark_args(p)
     p.set_defaults(func=_run)
 
 
@@ -84,20 +75,21 @@ def _run(args: argparse.Namespace) -> int:
     import deltawheel.migrations as migrations
     from deltawheel.gc.tool import gc_store
 
-    layout = layout_from(args)
-    spark = spark_from(args)
+    layout = common.layout_from(args)
+    spark = common.spark_from(args)
     migrations.check_store(spark, layout)
-    bar: list[Progress] = []
+    bar: list[common.Progress] = []
 
     def progress(what: str, total: int) -> None:  # a line per pass over a table, with an ETA
         if not bar:
-            bar.append(Progress("gc", total))
+            bar.append(common.Progress("gc", total))
         bar[0].step(what)
 
     @contextmanager
     def zookeeper() -> Iterator[tuple[Any, Any, str]]:  # the pipelines': --zk, else a local store's own
-        with store_zookeeper(args) as (_layout, cfg, client):
-            with connected(replace(cfg, chroot="/"), args.zk_timeout) if cfg.chroot != "/" else nullcontext() as root:
+        with common.store_zookeeper(args) as (_layout, cfg, client):
+            root_cfg = replace(cfg, chroot="/")
+            with common.connected(root_cfg, args.zk_timeout) if cfg.chroot != "/" else nullcontext() as root:
                 yield client, root, cfg.chroot
 
     def ms(hours: float | None, *, inf_keeps_all: bool = True) -> int | None:

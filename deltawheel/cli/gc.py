@@ -40,32 +40,27 @@ def register(sub: Any) -> None:
     p.add_argument("--stream-retention-hours", type=_hours, default=None,
                    help="delete stream records older than this (event time); default or 'inf': keep all")
     p.add_argument("--metrics-retention-hours", type=_hours, default=720.0,
-                   help="delete rows of the per-batch metrics table (_metrics/batches, what status and report "
-                   "plot) recorded longer ago than this (default 720 = 30 days; 'inf' keeps all)")
+                   help="delete per-batch metrics rows recorded longer ago (default 720; 'inf' keeps all)")
     p.add_argument("--late-data-retention-hours", type=_hours, default=None,
-                   help="delete rows of late_data (records later than the allowed lateness) recorded longer ago "
-                   "than this (by recorded_ms; default: keep all)")
+                   help="delete rows of late_data recorded longer ago (by recorded_ms; default: keep all)")
     p.add_argument("--dead-letter-retention-hours", type=_hours, default=None,
-                   help="delete rows of dead_letters (records the code failed on) recorded longer ago than this "
-                   "(by recorded_ms; default: keep all)")
+                   help="delete rows of dead_letters recorded longer ago (by recorded_ms; default: keep all)")
     p.add_argument("--vacuum-retain-hours", type=float, default=168.0,
                    help="VACUUM keeps unreferenced files younger than this (default 168 = Delta's minimum)")
     p.add_argument("--force", action="store_true",
                    help="allow a retention below Delta's 168 h safety minimum (only when no job writes or "
-                   "reads the store: a shorter one can delete files they still need)")
+                        "reads the store: a shorter one can delete files they still need)")
     p.add_argument("--log-retention-hours", type=_hours, default=None,
-                   help="delete Delta log files (commits, checkpoints) before the newest checkpoint older than "
-                   "this, after checkpointing each table (default or 'inf': Delta's own, 720 h); "
-                   "versions before it can no longer be read or replayed")
+                   help="delete Delta log files before the newest checkpoint older than this (default or "
+                        "'inf': Delta's own, 720 h); versions before it can no longer be read or replayed")
     p.add_argument("--keep-replay-hours", type=_hours, default=None,
-                   help="refuse (ReplayHorizonError, nothing changed) a stream, VACUUM or log retention shorter "
-                   "than this: replay must stay possible from this far back")
+                   help="refuse (ReplayHorizonError) a stream, VACUUM or log retention shorter than this")
     p.add_argument("--skip-zk", action="store_true",
-                   help="leave ZooKeeper alone (default: delete the znodes of gone instances and finished replays, "
-                   "and prune the rescaling input-file sets under the intervals' leases)")
+                   help="leave ZooKeeper alone (default: delete the znodes of gone instances and finished "
+                        "replays, prune the rescaling input-file sets under the leases)")
     p.add_argument("--lease-wait", type=_seconds, default=60.0, metavar="SECONDS",
-                   help="the input_sets pass waits this long for running owners to hand their intervals over at "
-                   "a batch boundary (default 60); a computation not handed over is left as it is")
+                   help="how long the input_sets pass waits for running owners to hand their intervals over "
+                        "(default 60); a computation not handed over is left as it is")
     common.add_log_store_zk_args(p, digest=True)
     common.add_spark_args(p)
     p.set_defaults(func=_run)

@@ -13,11 +13,9 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:
     """Add the ``migrate`` subcommand."""
     p = subparsers.add_parser(
-        "migrate",
-        help="show (or with --apply run) the pending schema migrations of a store",
-        description="Without --apply only prints the plan (a dry run). Creates the store if it "
-        "doesn't exist yet. Safe to re-run; an interrupted run resumes where it stopped.",
-    )
+        "migrate", help="show (or with --apply run) the pending schema migrations of a store",
+        description="Without --apply only prints the plan (a dry run). Creates the store if it doesn't exist "
+        "yet. Safe to re-run; an interrupted run resumes where it stopped.")
     common.add_store_arg(p)
     p.add_argument("--apply", action="store_true", help="run the pending migrations (refused while a pipeline "
                    "of the store runs, as the pipelines' ZooKeeper shows: --zk, or a local store's own)")

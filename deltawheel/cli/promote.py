@@ -20,9 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     common.add_live_args(p, "the computation the replay replayed")
     p.add_argument("--code", help="MODULE:CLASS the catch-up runs (default: the code the replay ran)")
     p.add_argument("--source", metavar="MODULE:PIPELINE",
-                   help="the live pipeline (what `deltawheel run MODULE:PIPELINE` takes): its injectors feed the "
-                        "catch-up of a computation that reads one (default: the one `deltawheel replay --source` "
-                        "recorded)")
+                   help="the live pipeline: its injectors feed the catch-up (default: the one `deltawheel "
+                        "replay --source` recorded)")
     p.add_argument("--intervals", help="I,J: promote only these intervals (default: all, or those a partial "
                                        "replay replayed)")
     common.add_handover_args(p)

@@ -31,8 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--code", help="MODULE:CLASS of the code to run (default: the live class: the --source "
                                   "pipeline's, or the demo pipeline's)")
     p.add_argument("--source", metavar="MODULE:PIPELINE",
-                   help="the live pipeline (what `deltawheel run MODULE:PIPELINE` takes): its injectors feed a "
-                        "replayed computation that reads one, its class is the default --code")
+                   help="the live pipeline: its injectors feed the replay, its class is the default --code")
     p.add_argument("--into", required=True, help="the shadow store's folder or s3a:// URI (with --zk): empty, or an earlier "
                    "replay's to continue it")
     p.add_argument("--plan", action="store_true", help="print what it would read and write, and stop")
@@ -51,8 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     d.add_argument("--stream", action="append", default=[], help="a stream the computation produces to (repeatable)")
     d.add_argument("--diff-out", help="write the diff as JSON to this file")
     d.add_argument("--plain", action="store_true",
-                   help="compare the two stores as they are, also when store B is a replay of store A (without "
-                        "it, such a pair is compared as the replay's own diff compares it: docs/replay.md)")
+                   help="compare the stores as they are, also when store B is a replay of A (docs/replay.md)")
     common.add_spark_args(d)
     d.set_defaults(func=_run_diff)
 

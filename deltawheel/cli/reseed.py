@@ -12,9 +12,8 @@ __all__ = ["injector_line", "register"]
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``reseed`` subcommand to ``subparsers``."""
     p = subparsers.add_parser(
-        "reseed", help="after ZooKeeper lost its data: re-seed its sequencers above the store's and restore the "
-                       "injector watermarks the store's commits record (dry run unless --apply); stop the pipeline "
-                       "first")
+        "reseed", help="after ZooKeeper lost its data: re-seed its sequencers and injector watermarks from "
+                       "the store (dry run unless --apply); stop the pipeline first")
     common.add_store_arg(p)
     common.add_pipeline_arg(p)
     p.add_argument("--apply", action="store_true", help="change ZooKeeper (default: print what would change)")

@@ -22,7 +22,7 @@ from deltawheel.statestore.inspection import sqlviews
 from deltawheel.statestore.inspection.asof import resolve_as_of, store_tables
 from deltawheel.statestore.inspection.readonly import check_read_only, read_only_session
 
-from .common import add_key_args, add_spark_args, add_store_arg, layout_from, spark_from
+from .common import add_allow_pickle_arg, add_key_args, add_spark_args, add_store_arg, layout_from, spark_from
 
 __all__ = ["register", "split_statements", "shell"]
 
@@ -41,19 +41,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--describe", metavar="VIEW",
                    help="print the columns of VIEW (or table) with their types and comments, and exit")
     p.add_argument("--format", choices=sqlviews.FORMATS, default="table",
-                   help="table (for people), csv, or json (JSON Lines, one object per row; with several "
-                   "statements, or a shell, each line is {\"query\": N, \"row\": {...}}: N counts the statements "
-                   "from 1)")
+                   help="table (for people), csv, or json (JSON Lines; with several statements, or a shell, "
+                   "each line is {\"query\": N, \"row\": {...}}, N counting the statements from 1)")
     p.add_argument("--max-rows", type=int, default=None,
-                   help="show at most N rows (default: every row for csv and json, "
-                   f"{sqlviews.TABLE_MAX_ROWS} for table); "
-                   "a cut is said on stderr with the total")
-    p.add_argument("--allow-pickle", action="store_true", help="decode pickled values (runs code!)")
+                   help="show at most N rows (default: all for csv and json, "
+                   f"{sqlviews.TABLE_MAX_ROWS} for table); a cut is said on stderr")
+    add_allow_pickle_arg(p)
     p.add_argument("--as-of", metavar="VERSION|TIMESTAMP",
-                   help="run the views over a past snapshot of every table: a TIMESTAMP (ISO 8601, UTC unless an "
-                   "offset is given) reads each table at its newest version committed by then; a VERSION is the rows "
-                   "table's (as history lists them), the other tables are read as of its commit time "
-                   "(docs/history.md)")
+                   help="run the views over a past snapshot: the rows table's VERSION, or a TIMESTAMP (ISO "
+                   "8601, UTC unless an offset is given); docs/history.md")
     add_spark_args(p)
     p.set_defaults(func=_sql)
 
@@ -67,7 +63,7 @@ def register(subparsers: Any) -> None:
     add_store_arg(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=10000)
-    p.add_argument("--allow-pickle", action="store_true", help="decode pickled values (runs code!)")
+    add_allow_pickle_arg(p)
     add_spark_args(p)
     p.set_defaults(func=_sql_server)
 

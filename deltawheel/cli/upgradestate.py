@@ -18,11 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = subparsers.add_parser(
         "upgrade-state", help="upgrade every key's state of an older state_version now (upgrade_state), fenced, "
                               "under the leases, audited, while the pipeline runs (docs/operations.md)",
-        description="Reads every row of the computation stored in a state_version older than the code's, runs the "
-                    "code's upgrade_state on it, re-encodes it with the code's codec and writes them in one fenced "
-                    "commit under the leases of their intervals (a running owner hands them over at its next batch "
-                    "boundary), recorded in the audit table (tool upgrade-state). Run it once the pipeline runs the "
-                    "new code. An upgrade_state that raises for any key refuses the whole upgrade: nothing changed.")
+        description="Runs the code's upgrade_state on every row of an older state_version, in one fenced, "
+                    "audited commit under the intervals' leases; run it once the pipeline runs the new code. "
+                    "A key whose upgrade raises refuses the whole upgrade (docs/operations.md).")
     common.add_live_args(p, "the computation whose state is upgraded")
     p.add_argument("--code", help="MODULE:CLASS of the computation's new code (its state_version and upgrade_state; "
                                   "default: the code a package registered for the pipeline, e.g. the demo's)")

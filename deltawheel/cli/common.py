@@ -258,12 +258,8 @@ def spark_from(args: argparse.Namespace, *, announce: bool = False, **kw: Any) -
 def store_zookeeper(args: argparse.Namespace) -> Iterator[tuple[StoreLayout, ZkConfig, Any]]:
     """(layout, ZooKeeper config, connected kazoo client) for a command on ``--store``, released after."""
     layout = layout_from(args)
-    use = zookeeper_for(args, layout)
-    try:
-        with connected(use.config, args.zk_timeout) as client:
-            yield layout, use.config, client
-    finally:
-        use.release()
+    with zookeeper_for(args, layout) as use, connected(use.config, args.zk_timeout) as client:
+        yield layout, use.config, client
 
 
 def add_optional_store(p: argparse.ArgumentParser) -> None:
@@ -351,16 +347,13 @@ def engine_from(args: argparse.Namespace, layout: StoreLayout, pipeline: str) ->
     """(Spark session, connected engine) of a pipeline run on ``layout``: its ZooKeeper released after."""
     import deltawheel
 
-    zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
-    try:
+    with zookeeper_for(args, layout) as zookeeper:  # the store's own server unless --zk is given
         cfg = zookeeper.config
         spark = spark_from(args, announce=True)
         with deltawheel.connect(spark, store=layout.root, zk=cfg.hosts, zk_chroot=cfg.chroot, zk_digest=cfg.digest,
                                 pipeline=pipeline, wait_s=args.wait, max_pause_s=args.max_pause,
                                 instance=args.instance, zk_session_timeout_s=args.zk_session_timeout) as engine:
             yield spark, engine
-    finally:
-        zookeeper.release()
 
 
 def say(line: str) -> None:

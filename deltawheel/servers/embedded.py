@@ -313,8 +313,6 @@ class ZooKeeperUse:
         self._released = True
         return self._owner.release(self._user)
 
-    stop = release
-
     def __enter__(self) -> ZooKeeperUse:
         return self
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import functools
 import json
 import os
@@ -249,10 +250,8 @@ def split_statements(text: str) -> list[str]:
 def _lines(stdin: TextIO, prompt: Callable[[], str]) -> Iterable[str]:
     interactive = stdin.isatty()
     if interactive:
-        try:
+        with contextlib.suppress(ImportError):
             import readline  # noqa: F401  (line editing and history for input())
-        except ImportError:
-            pass
     while True:
         if interactive:
             try:

@@ -19,7 +19,7 @@ from deltawheel.statestore.session.sparkenv import SparkSettings
 from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 
 __all__ = ["add_handover_args", "handover_wait_s", "add_store_arg", "add_live_args", "add_zk_args", "add_zk_spark_args",
-           "add_run_args", "add_max_pause_arg", "add_log_store_zk_args", "add_spark_args", "add_pipeline_arg",
+           "add_run_args", "add_log_store_zk_args", "add_spark_args", "add_pipeline_arg",
            "add_json_arg", "add_allow_pickle_arg", "add_key_args", "zk_config_from", "spark_from", "layout_from",
            "existing_layout_from", "zookeeper_for", "add_optional_store", "zk_client", "store_zookeeper", "int_list",
            "computation_code", "timed_say", "engine_from", "say", "print_json", "plural", "say_running",
@@ -87,9 +87,14 @@ def add_zk_spark_args(p: argparse.ArgumentParser, *, timeout: bool = False) -> N
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     """Add the options of a pipeline run: ``--gc-every``, ZooKeeper's, ``--max-pause``, Spark's."""
-    add_gc_every_arg(p)
+    p.add_argument("--gc-every", default=None, type=_gc_every, metavar="N|DURATION",
+                   help="run gc's Delta passes from the running pipeline every N batches (e.g. 50) or every "
+                        "DURATION (30s, 10m, 1h), beside the stages (default: never; docs/operations.md, gc)")
     add_zk_args(p)
-    add_max_pause_arg(p)
+    p.add_argument("--max-pause", type=_non_negative, default=DEFAULT_MAX_PAUSE_S, metavar="SECONDS",
+                   help="batches pause while ZooKeeper does not serve; stop the run after this many seconds "
+                        f"of pause (default {DEFAULT_MAX_PAUSE_S:g}; 'inf': until the session is reported "
+                        "expired; docs/coordinator-recovery.md)")
     add_spark_args(p)
 
 
@@ -105,21 +110,6 @@ def add_handover_args(p: argparse.ArgumentParser) -> None:
 def handover_wait_s(args: argparse.Namespace) -> float:
     """The seconds :func:`add_handover_args`'s options ask to wait (0 with ``--no-wait``)."""
     return 0.0 if args.no_wait else float(args.wait)
-
-
-def add_max_pause_arg(p: argparse.ArgumentParser) -> None:
-    """Add ``--max-pause SECONDS``."""
-    p.add_argument("--max-pause", type=_non_negative, default=DEFAULT_MAX_PAUSE_S, metavar="SECONDS",
-                   help="batches pause while ZooKeeper does not serve; stop the run after this many seconds "
-                        f"of pause (default {DEFAULT_MAX_PAUSE_S:g}; 'inf': until the session is reported "
-                        "expired; docs/coordinator-recovery.md)")
-
-
-def add_gc_every_arg(p: Any) -> None:
-    """Add ``--gc-every N|DURATION`` (``gc/background.py``)."""
-    p.add_argument("--gc-every", default=None, type=_gc_every, metavar="N|DURATION",
-                   help="run gc's Delta passes from the running pipeline every N batches (e.g. 50) or every "
-                        "DURATION (30s, 10m, 1h), beside the stages (default: never; docs/operations.md, gc)")
 
 
 def _gc_every(text: str) -> str:

@@ -116,11 +116,10 @@ def reference_legs(moves: Any) -> Any:
     """Both legs of every move: ``move``, ``leg``, ``account``, ``delta``, ``ts``."""
     import pandas as pd
 
-    debit = pd.DataFrame({"move": moves["id"], "leg": "debit", "account": moves["src"], "delta": -moves["amount"],
-                          "ts": moves["ts"]})
-    credit = pd.DataFrame({"move": moves["id"], "leg": "credit", "account": moves["dst"], "delta": moves["amount"],
-                           "ts": moves["ts"]})
-    return pd.concat([debit, credit], ignore_index=True)
+    sides = (("debit", "src", -1), ("credit", "dst", 1))
+    return pd.concat([pd.DataFrame({"move": moves["id"], "leg": leg, "account": moves[col],
+                                    "delta": sign * moves["amount"], "ts": moves["ts"]})
+                      for leg, col, sign in sides], ignore_index=True)
 
 
 def reference_windows(legs: Any) -> dict[tuple[str, int], int]:
@@ -158,12 +157,10 @@ def _legs_once(stage: str, got: Any, legs: Any, version: int) -> list[Violation]
                                              f"{_keys(ids)})", (version,), _keys(f"{m}/{lg}" for m, lg in dup.index)))
     want = set(zip(legs["move"], legs["leg"], strict=True))
     have = set(counts.index)
-    if want - have:
-        out.append(Violation("exactly-once", f"{stage}: {len(want - have)} legs missing", (version,),
-                             _keys(f"{m}/{lg}" for m, lg in want - have)))
-    if have - want:
-        out.append(Violation("exactly-once", f"{stage}: {len(have - want)} legs of no input move", (version,),
-                             _keys(f"{m}/{lg}" for m, lg in have - want)))
+    for what, odd in (("missing", want - have), ("of no input move", have - want)):
+        if odd:
+            out.append(Violation("exactly-once", f"{stage}: {len(odd)} legs {what}", (version,),
+                                 _keys(f"{m}/{lg}" for m, lg in odd)))
     merged = got.drop_duplicates(["move", "leg"]).merge(legs, on=["move", "leg"], suffixes=("", "_want"))
     wrong = merged[(merged["account"] != merged["account_want"]) | (merged["delta"] != merged["delta_want"])]
     if len(wrong):

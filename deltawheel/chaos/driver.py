@@ -4,6 +4,7 @@ their own, so they are found as the driver's descendants (``/proc``) by their co
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -59,10 +60,8 @@ class Driver:
     def signal(self, sig: int) -> None:
         """Send ``sig`` to its process group, if it runs."""
         if self.proc is not None and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
 
     def kill(self) -> None:
         """SIGKILL its process group and reap it."""

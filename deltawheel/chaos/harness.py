@@ -22,17 +22,8 @@ from deltawheel.statestore.objectstore.s3a import ENV_ENDPOINT
 from deltawheel.statestore.process import DIE_WITH_ENV, die_with
 
 from ..servers.ensemble import ZooKeeperEnsemble
+from . import checker
 from .bank import INPUT_ENV, closing_moves, moves, write_moves
-from .checker import (
-    CheckResult,
-    DriverExit,
-    FaultRecord,
-    check_run,
-    complete,
-    exit_violations,
-    exits_note,
-    stream_commits,
-)
 from .disk import StoreDisk, unmount_stale
 from .driver import Driver, python_workers
 from .faults import INSTANCES, KINDS, PlannedFault, plan
@@ -40,7 +31,7 @@ from .netcut import NetCut, member_session, session_after, start_net_cut, toxipr
 from .objectstore import ChaosObjectStore
 from .tools import tool_fault
 
-__all__ = ["ChaosSettings", "ChaosRun", "DriverExit", "run_chaos"]
+__all__ = ["ChaosSettings", "ChaosRun", "run_chaos"]
 
 CHROOT = "/chaos"
 MARKER = "chaos-run.json"
@@ -81,15 +72,15 @@ class ChaosRun:
     """What a run did: its settings, the faults as they happened, the tools' exit codes, the check."""
 
     settings: ChaosSettings
-    faults: list[FaultRecord] = field(default_factory=list)
+    faults: list[checker.FaultRecord] = field(default_factory=list)
     skipped: list[tuple[PlannedFault, str]] = field(default_factory=list)  # not started, and why
     kinds: list[str] = field(default_factory=lambda: sorted(KINDS))  # the kinds the schedule drew from
     left_out: dict[str, str] = field(default_factory=dict)  # kind -> why it is not among them
-    exits: list[DriverExit] = field(default_factory=list)  # drivers that stopped by themselves
+    exits: list[checker.DriverExit] = field(default_factory=list)  # drivers that stopped by themselves
     tools: dict[str, list[int]] = field(default_factory=dict)
     files: int = 0
     drained: bool = False
-    result: CheckResult | None = None
+    result: checker.CheckResult | None = None
     phases: dict[str, float] = field(default_factory=dict)
 
 
@@ -235,7 +226,7 @@ class _Harness:
             except _Skipped as exc:
                 self.skip(f, str(exc))
                 return
-        record = FaultRecord(kind=f.kind, target=target, start=start, heal=heal, note=note)
+        record = checker.FaultRecord(kind=f.kind, target=target, start=start, heal=heal, note=note)
         with self.lock:
             self.run.faults.append(record)
         self.say(f"chaos: {f.kind} on {target} at {start - self.run.phases['chaos']:.1f}s, healed after "
@@ -290,7 +281,7 @@ class _Harness:
             log.seek(log_at)
             after = log.read().decode(errors="replace").splitlines()
         with self.lock:
-            note = f"pid {w.pid} ({w.role}, 1 of {len(workers)} Python processes); " + exits_note(
+            note = f"pid {w.pid} ({w.role}, 1 of {len(workers)} Python processes); " + checker.exits_note(
                 self.run.exits[exits_before:], d.name, f.duration_s)
         seen = [ln.strip() for ln in after if any(m in ln for m in WORKER_SIGNS)]
         return heal, note + (f"; its log: {seen[0][:200]}" if seen else "")
@@ -314,8 +305,8 @@ class _Harness:
         while said == "expired" and d.starts == starts and time.monotonic() < deadline and not self.stopping.wait(1):
             pass
         with self.lock:
-            return heal, f"{len(names)} proxies cut ({', '.join(names)}); its session {said}; " + exits_note(
-                self.run.exits[exits_before:], d.name, time.time() - begin)
+            ran = checker.exits_note(self.run.exits[exits_before:], d.name, time.time() - begin)
+        return heal, f"{len(names)} proxies cut ({', '.join(names)}); its session {said}; {ran}"
 
     def other_fault(self, f: PlannedFault) -> tuple[str, str]:
         """A server's kill and restart, the disk filled and freed, or a tool; returns (target, note)."""
@@ -353,7 +344,8 @@ class _Harness:
                 for d in self.drivers.values():
                     if d.down or d.proc is None or d.proc.poll() is None or self.stopping.is_set():
                         continue
-                    exit_ = DriverExit(driver=d.name, code=d.proc.returncode, at=time.time(), error=d.last_error())
+                    exit_ = checker.DriverExit(driver=d.name, code=d.proc.returncode, at=time.time(),
+                                               error=d.last_error())
                     self.run.exits.append(exit_)
                     self.say(f"chaos: driver {d.name} exited with {exit_.code} ({exit_.error}); started again")
                     d.start()
@@ -386,7 +378,7 @@ class _Harness:
         threading.Thread(target=self.supervise, name="chaos-supervisor", daemon=True).start()
         if not self.wait("both drivers' first commits", lambda: all(
                 "running" in d.log.read_text(errors="replace") for d in self.drivers.values())
-                and bool(stream_commits(self.store, "changes")), s.start_s):
+                and bool(checker.stream_commits(self.store, "changes")), s.start_s):
             raise ConfigError(f"chaos: the drivers did not commit within {s.start_s:.0f}s; see {self.logs}")
         schedule = plan(s.seed, s.seconds, mean_gap_s=s.mean_gap_s, session_timeout_s=s.session_timeout_s,
                         kinds=run.kinds)
@@ -406,7 +398,7 @@ class _Harness:
         write_moves(self.input, self.file_index, closing_moves(self.file_index))
         run.files = self.file_index + 1
         self.say(f"chaos: every fault healed; {run.files} input files; draining")
-        run.drained = self.wait("the drain", lambda: complete(self.store, self.input), s.drain_s)
+        run.drained = self.wait("the drain", lambda: checker.complete(self.store, self.input), s.drain_s)
         time.sleep(3.0)  # a duplicate would land by now
         run.phases["drained"] = time.time()
         return run
@@ -486,7 +478,7 @@ def run_chaos(settings: ChaosSettings, *, say: Callable[[str], None] = print) ->
             os.environ[DIE_WITH_ENV] = before
     run.faults.sort(key=lambda f: f.start)
     _save(run, h.store)
-    run.result = check_run(h.store, h.input, run.faults, bound_s=settings.bound_s,
-                           end=run.phases.get("drained"))
-    run.result.violations += exit_violations(run.exits, object_store=settings.object_store)
+    run.result = checker.check_run(h.store, h.input, run.faults, bound_s=settings.bound_s,
+                                   end=run.phases.get("drained"))
+    run.result.violations += checker.exit_violations(run.exits, object_store=settings.object_store)
     return run

@@ -112,10 +112,6 @@ class NetCut:
         assert self.server is not None
         return f"http://{self.server.host}:{self.ports[f'{instance}-s3']}"
 
-    def proxies(self, instance: str) -> list[str]:
-        """The names of ``instance``'s proxies."""
-        return [name for name in self.ports if name.split("-", 1)[0] == instance]
-
     def cut(self, instance: str) -> list[str]:
         """Disable every proxy of ``instance``; returns their names."""
         return self._set(instance, False)
@@ -126,7 +122,7 @@ class NetCut:
 
     def _set(self, instance: str, enabled: bool) -> list[str]:
         assert self.server is not None
-        names = self.proxies(instance)
+        names = [name for name in self.ports if name.split("-", 1)[0] == instance]
         for name in names:
             self.server.set_enabled(name, enabled)
         return names

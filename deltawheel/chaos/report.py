@@ -10,12 +10,7 @@ import numpy as np
 from .checker import CheckResult
 from .faults import KINDS
 
-__all__ = ["table", "percentile"]
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) of ``values``, linear between the nearest ranks."""
-    return float(np.percentile(values, q))
+__all__ = ["table"]
 
 
 def table(seed: int, result: CheckResult, *, tools: Mapping[str, Sequence[int]] | None = None,
@@ -31,7 +26,7 @@ def table(seed: int, result: CheckResult, *, tools: Mapping[str, Sequence[int]] 
     for kind in sorted(set(KINDS) | set(by_kind)):
         recs = by_kind.get(kind, [])
         done = [r for r in recs if r is not None]
-        figs = [f"{percentile(done, q):8.1f}" for q in (50, 99, 100)] if done else [f"{'-':>8}"] * 3
+        figs = [f"{float(np.percentile(done, q)):8.1f}" for q in (50, 99, 100)] if done else [f"{'-':>8}"] * 3
         lines.append(f"{kind:<16}{len(recs):>6}{''.join(figs)}{len(recs) - len(done):>11}")
     lines.append(f"{'all':<16}{len(result.recoveries):>6}")
     if skipped:

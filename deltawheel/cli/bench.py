@@ -9,14 +9,7 @@ import io
 import sys
 from typing import Callable
 
-from deltawheel.benchmarks.args import (
-    add_cache_arguments,
-    add_commits_arguments,
-    add_latency_arguments,
-    add_restart_arguments,
-    add_throughput_arguments,
-    add_watermark_arguments,
-)
+from deltawheel.benchmarks import args as bench_args
 from deltawheel.benchmarks.taskreplay import add_tasks_arguments
 
 __all__ = ["register"]
@@ -39,18 +32,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     sub = p.add_subparsers(dest="bench_command", metavar="BENCHMARK")
     sub.required = True
     benchmarks: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], str]] = [
-        ("throughput", "records/s of several engines on the same workload", add_throughput_arguments,
-         "throughput"),
+        ("throughput", "records/s of several engines on the same workload",
+         bench_args.add_throughput_arguments, "throughput"),
         ("cache", "row cache hit rates: window-aware vs LRU vs optimal on the workload's trace",
-         add_cache_arguments, "cachebench"),
+         bench_args.add_cache_arguments, "cachebench"),
         ("watermarks", "injector watermark estimates side by side: lag against late records",
-         add_watermark_arguments, "watermarks"),
+         bench_args.add_watermark_arguments, "watermarks"),
         ("latency", "per-record latency from arrival to a visible Delta commit, engines side by side",
-         add_latency_arguments, "latency"),
+         bench_args.add_latency_arguments, "latency"),
         ("restart", "seconds from restarting a SIGKILLed continuous job to its first committed batch, with "
-         "and without an instance name (docs/continuous.md)", add_restart_arguments, "restart"),
+         "and without an instance name (docs/continuous.md)", bench_args.add_restart_arguments, "restart"),
         ("commits", "the commit ceiling of one store: N writers' batches on a folder and on s3a:// behind "
-         "real network latency (Toxiproxy; docs/scale.md)", add_commits_arguments, "commits"),
+         "real network latency (Toxiproxy; docs/scale.md)", bench_args.add_commits_arguments, "commits"),
         ("tasks", "run image tasks captured with DELTAWHEEL_TASK_CAPTURE=DIR again in one process and print "
          "their CPU seconds", add_tasks_arguments, "taskreplay"),
     ]

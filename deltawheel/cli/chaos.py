@@ -15,28 +15,22 @@ TMPFS_MB = 128
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``chaos``."""
     p = subparsers.add_parser(
-        "chaos", help="run a three-stage bank pipeline as two instances under random overlapping faults (driver kills "
-                      "and pauses, Python workers killed, expired sessions, a driver's network cut, ZooKeeper "
-                      "servers killed, the store's disk full, operator tools) and check its streams")
-    p.add_argument("--seed", type=int, default=None, help="the input's and the fault schedule's seed (default: drawn, "
-                                                          "printed first; the same seed replays the same schedule)")
+        "chaos", help="run a three-stage bank pipeline as two instances under random overlapping faults, "
+                      "then check its streams (docs/reliability.md)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the input's and the fault schedule's seed (default: drawn, printed first)")
     p.add_argument("--seconds", type=float, default=60.0, help="length of the chaos phase (default 60)")
     p.add_argument("--data", default=str(Path("data") / "chaos"),
-                   help="the run's folder: input, store, ZooKeeper, logs, faults.json (default data/chaos; "
-                        "emptied first if it holds an earlier chaos run)")
+                   help="the run's folder (default data/chaos; emptied first if it holds an earlier run)")
     p.add_argument("--mean-gap", type=float, default=MEAN_GAP_S, help="mean seconds between fault starts (default 5)")
     p.add_argument("--bound", type=float, default=600.0,
-                   help="seconds within which every stream must commit after a fault heals (default 600: a driver started again on a busy machine takes minutes before its first batch)")
+                   help="seconds within which every stream must commit after a fault heals (default 600)")
     p.add_argument("--store-tmpfs-mb", type=int, default=TMPFS_MB,
-                   help="size of the tmpfs mounted over the store for the disk-full faults (root only; default 128; "
-                        "0: no tmpfs, no disk-full fault)")
+                   help="MiB of a tmpfs over the store for disk-full (root only; default 128, 0: none)")
     p.add_argument("--kinds", default="",
-                   help="comma-separated fault kinds the schedule draws from (default: every kind; the kinds are "
-                        "listed in docs/reliability.md)")
+                   help="comma-separated fault kinds the schedule draws from (default: every kind)")
     p.add_argument("--object-store", action="store_true",
-                   help="the store on s3a:// through a local S3Proxy the run starts in --data's s3/ folder, and "
-                        "the s3proxy-kill faults (the server killed and restarted; with a tmpfs, disk-full fills "
-                        "S3Proxy's data)")
+                   help="the store on s3a:// through a local S3Proxy (in --data), and s3proxy-kill faults")
     p.add_argument("--recheck", action="store_true", help="check the finished run in --data again, run nothing")
     p.set_defaults(func=_chaos)
 

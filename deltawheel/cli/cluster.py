@@ -33,11 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--data", default=None,
-                       help=f"the cluster's folder: configuration, logs, pid files (default {DEFAULT_DATA}, "
-                            f"with --hosts {DEFAULT_HOSTS_DATA})")
+                       help=f"the cluster's folder (default {DEFAULT_DATA}; --hosts: {DEFAULT_HOSTS_DATA})")
         p.add_argument("--hosts", action="store_true", default=name in ("exec", "env"),
-                       help="separate hosts on this machine (network and mount namespaces; root only): "
-                            "s3, zk1-zk3, master, worker1, worker2, client (docs/cluster.md)")
+                       help="separate hosts on this machine (namespaces; root only; docs/cluster.md)")
         if name == "exec":
             p.add_argument("host", help="s3, zk1, zk2, zk3, master, worker1, worker2 or client")
             p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command (after --)")
@@ -47,8 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             p.add_argument("--workers", type=int, default=2, help="Spark workers, 1 core each (default 2)")
             p.add_argument("--worker-memory", default="2g", help="memory each worker offers (default 2g)")
             p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each part")
-            p.add_argument("--fresh", action="store_true", help="with --hosts: delete the hosts' data first "
-                                                                "(ZooKeeper's, the buckets, the logs)")
+            p.add_argument("--fresh", action="store_true", help="with --hosts: delete the hosts' data first")
         p.set_defaults(func=lambda args, f=funcs: f[args.hosts](args))  # with --hosts: the test bed's
     _register_fault(sub)
 

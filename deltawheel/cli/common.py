@@ -19,7 +19,7 @@ from deltawheel.statestore.session.sparkenv import SparkSettings
 from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 
 __all__ = ["add_handover_args", "handover_wait_s", "add_store_arg", "add_live_args", "add_zk_args", "add_zk_spark_args",
-           "add_run_args", "add_max_pause_arg", "add_log_store_zk_args", "add_spark_args", "add_pipeline_arg",
+           "add_run_args", "add_log_store_zk_args", "add_spark_args", "add_pipeline_arg",
            "add_json_arg", "add_allow_pickle_arg", "add_key_args", "zk_config_from", "spark_from", "layout_from",
            "existing_layout_from", "zookeeper_for", "add_optional_store", "zk_client", "store_zookeeper", "int_list",
            "computation_code", "timed_say", "engine_from", "say", "print_json", "plural", "say_running",
@@ -63,21 +63,18 @@ def add_key_args(p: argparse.ArgumentParser) -> None:
 def add_zk_args(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:
     """Add the ZooKeeper options to ``p``; ``timeout``: also ``--zk-timeout``."""
     g = p.add_argument_group("ZooKeeper")
-    g.add_argument(
-        "--zk", default=os.environ.get("DELTAWHEEL_ZK"),
-        help="ZooKeeper connection string host:port[,host:port] (env DELTAWHEEL_ZK; default: a local "
-        "--store's own embedded server, started or shared on a port of its own, see 'deltawheel zk status "
-        f"--store DIR'; else 127.0.0.1:{DEFAULT_ZK_PORT})",
-    )
+    g.add_argument("--zk", default=os.environ.get("DELTAWHEEL_ZK"),
+                   help="host:port[,host:port] (env DELTAWHEEL_ZK; default: a local --store's own embedded "
+                        f"server, see 'deltawheel zk status --store DIR'; else 127.0.0.1:{DEFAULT_ZK_PORT})")
     g.add_argument("--zk-chroot", default=os.environ.get("DELTAWHEEL_ZK_CHROOT", "/deltawheel"),
                    help="znode path all of deltawheel's znodes live below")
     g.add_argument("--zk-digest", default=os.environ.get("DELTAWHEEL_ZK_DIGEST"),
                    help="user:password for digest ACLs on lease znodes (env DELTAWHEEL_ZK_DIGEST)")
     g.add_argument("--zk-session-timeout", type=float,
                    default=float(os.environ.get("DELTAWHEEL_ZK_SESSION_TIMEOUT", ZkConfig.session_timeout_s)),
-                   help="ZooKeeper session timeout in seconds (env DELTAWHEEL_ZK_SESSION_TIMEOUT; default "
-                        f"{ZkConfig.session_timeout_s:g}): a shorter outage only pauses commits, a longer one "
-                        "stops the run; a killed run's leases stay held this long")
+                   help="seconds (env DELTAWHEEL_ZK_SESSION_TIMEOUT; default "
+                        f"{ZkConfig.session_timeout_s:g}): a shorter outage pauses commits, a longer one "
+                        "stops the run; leases of a killed run stay held this long")
     if timeout:
         p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
 
@@ -90,9 +87,14 @@ def add_zk_spark_args(p: argparse.ArgumentParser, *, timeout: bool = False) -> N
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     """Add the options of a pipeline run: ``--gc-every``, ZooKeeper's, ``--max-pause``, Spark's."""
-    add_gc_every_arg(p)
+    p.add_argument("--gc-every", default=None, type=_gc_every, metavar="N|DURATION",
+                   help="run gc's Delta passes from the running pipeline every N batches (e.g. 50) or every "
+                        "DURATION (30s, 10m, 1h), beside the stages (default: never; docs/operations.md, gc)")
     add_zk_args(p)
-    add_max_pause_arg(p)
+    p.add_argument("--max-pause", type=_non_negative, default=DEFAULT_MAX_PAUSE_S, metavar="SECONDS",
+                   help="batches pause while ZooKeeper does not serve; stop the run after this many seconds "
+                        f"of pause (default {DEFAULT_MAX_PAUSE_S:g}; 'inf': until the session is reported "
+                        "expired; docs/coordinator-recovery.md)")
     add_spark_args(p)
 
 
@@ -108,25 +110,6 @@ def add_handover_args(p: argparse.ArgumentParser) -> None:
 def handover_wait_s(args: argparse.Namespace) -> float:
     """The seconds :func:`add_handover_args`'s options ask to wait (0 with ``--no-wait``)."""
     return 0.0 if args.no_wait else float(args.wait)
-
-
-def add_max_pause_arg(p: argparse.ArgumentParser) -> None:
-    """Add ``--max-pause SECONDS``."""
-    p.add_argument("--max-pause", type=_non_negative, default=DEFAULT_MAX_PAUSE_S, metavar="SECONDS",
-                   help="while ZooKeeper does not serve (the ensemble lost its quorum, the server is down) batches "
-                        "pause, commit nothing, and resume when it serves again; stop the run after this many "
-                        f"seconds of pause (default {DEFAULT_MAX_PAUSE_S:g}; 'inf': as long as the ZooKeeper session "
-                        "is not reported expired). A ZooKeeper that came back without its data is not waited for: "
-                        "the run stops once paused past the session timeout (CoordinatorStateLostError)")
-
-
-def add_gc_every_arg(p: Any) -> None:
-    """Add ``--gc-every N|DURATION`` (``gc/background.py``)."""
-    p.add_argument("--gc-every", default=None, type=_gc_every, metavar="N|DURATION",
-                   help="run gc's Delta passes (OPTIMIZE, VACUUM past 168 h, log checkpoints, metrics retention 720 h) "
-                        "from the running pipeline every N batches (e.g. 50) or every DURATION (30s, 10m, 1h), in a "
-                        "thread beside the stages: none waits for it; a line says when a run starts and what it did "
-                        "(default: never; `deltawheel gc` for the other passes and settings)")
 
 
 def _gc_every(text: str) -> str:
@@ -265,12 +248,8 @@ def spark_from(args: argparse.Namespace, *, announce: bool = False, **kw: Any) -
 def store_zookeeper(args: argparse.Namespace) -> Iterator[tuple[StoreLayout, ZkConfig, Any]]:
     """(layout, ZooKeeper config, connected kazoo client) for a command on ``--store``, released after."""
     layout = layout_from(args)
-    use = zookeeper_for(args, layout)
-    try:
-        with connected(use.config, args.zk_timeout) as client:
-            yield layout, use.config, client
-    finally:
-        use.release()
+    with zookeeper_for(args, layout) as use, connected(use.config, args.zk_timeout) as client:
+        yield layout, use.config, client
 
 
 def add_optional_store(p: argparse.ArgumentParser) -> None:
@@ -358,16 +337,13 @@ def engine_from(args: argparse.Namespace, layout: StoreLayout, pipeline: str) ->
     """(Spark session, connected engine) of a pipeline run on ``layout``: its ZooKeeper released after."""
     import deltawheel
 
-    zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
-    try:
+    with zookeeper_for(args, layout) as zookeeper:  # the store's own server unless --zk is given
         cfg = zookeeper.config
         spark = spark_from(args, announce=True)
         with deltawheel.connect(spark, store=layout.root, zk=cfg.hosts, zk_chroot=cfg.chroot, zk_digest=cfg.digest,
                                 pipeline=pipeline, wait_s=args.wait, max_pause_s=args.max_pause,
                                 instance=args.instance, zk_session_timeout_s=args.zk_session_timeout) as engine:
             yield spark, engine
-    finally:
-        zookeeper.release()
 
 
 def say(line: str) -> None:

@@ -11,15 +11,7 @@ import sys
 import time
 from typing import Any
 
-from .common import (
-    add_run_args,
-    add_store_arg,
-    engine_from,
-    layout_from,
-    spark_from,
-    timed_say,
-    zookeeper_for,
-)
+from . import common
 
 __all__ = ["register", "demo_injector", "demo_computations", "parse_retention"]
 
@@ -27,45 +19,38 @@ __all__ = ["register", "demo_injector", "demo_computations", "parse_retention"]
 def register(sub: Any) -> None:
     """Add the ``demo`` subcommand to ``sub``."""
     p = sub.add_parser("demo", help="run the Zeitgeist demo pipeline (window counts, model, spike/dip detection)")
-    add_store_arg(p, required=False)
+    common.add_store_arg(p, required=False)
     p.add_argument("--events", type=int, default=20_000, help="generated search queries (default 20000)")
     p.add_argument("--scale", type=float, default=None, metavar="X",
-                   help="generate X times --events (e.g. --scale 10: 200000 queries over ten times the event-time "
-                        "span, in ten times the files); a positive number, refused otherwise")
+                   help="generate X times --events, over X times the event-time span, in X times the files")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--events-per-batch", type=int, default=2_000, help="events per generated file = micro-batch")
     p.add_argument("--wait", type=float, default=900.0,
-                   help="seconds to wait for leases held by another copy (a second copy started at once waits for "
-                        "the first, then finds its work done; default 900)")
+                   help="seconds to wait for leases held by another copy (default 900)")
     p.add_argument("--input", default=None,
                    help="local folder for the generated input files (default: <store>/_input for a local store, "
-                        "data/demo-input for an object-store one, e.g. --store s3a://BUCKET/PATH); on a cluster "
-                        "every worker must see it")
+                        "data/demo-input for an object-store one); on a cluster every worker must see it")
     p.add_argument("--instance", default=None, metavar="NAME",
-                   help="run as job instance NAME (letters, digits, _): several instances on one store and one "
-                        "ZooKeeper share every computation's intervals, each taking its share, and give them "
-                        "back when they finish (docs/rescaling.md)")
+                   help="run as job instance NAME (letters, digits, _): instances on one store share every "
+                        "computation's intervals (docs/rescaling.md)")
     g = p.add_argument_group("live (--follow)")
     g.add_argument("--follow", action="store_true",
-                   help="run the three stages live at once on search events generated now, with a line per stage "
-                        "every few seconds (records/s, watermark lag, latency p50/p99); default store data/demo-follow")
-    g.add_argument("--rate", type=int, default=500, help="with --follow: generated events per second (default 500)")
+                   help="run the three stages live on events generated now, a line per stage every few "
+                        "seconds (records/s, watermark lag, latency); default store data/demo-follow")
+    g.add_argument("--rate", type=int, default=500, help="generated events per second (default 500)")
     g.add_argument("--seconds", type=float, default=None,
-                   help="with --follow: end the input after this many seconds, drain every stage and stop (default: "
-                        "run until Ctrl-C or SIGTERM)")
+                   help="end the input after this many seconds, drain every stage and stop (default: run "
+                        "until Ctrl-C or SIGTERM)")
     g.add_argument("--window", type=float, default=10.0, metavar="SECONDS",
-                   help="with --follow: the first stage's window length (default 10; shorter windows bring the model's "
-                        "predictions and the detector sooner)")
+                   help="the first stage's window length (default 10)")
     g.add_argument("--drain-timeout", type=float, default=120.0, metavar="SECONDS",
-                   help="with --follow --seconds: how long the drain at the end of the input may take before the demo "
-                        "stops as it is (default 120)")
+                   help="with --seconds: how long the drain may take before the demo stops (default 120)")
     g.add_argument("--every", type=float, default=5.0, metavar="SECONDS",
-                   help="with --follow: seconds between the per-stage lines (default 5)")
+                   help="seconds between the per-stage lines (default 5)")
     p.add_argument("--dedup-retention", default=None, metavar="DURATION",
-                   help="how long each stage keeps the ids of the records it ran, to drop a record delivered "
-                        "again (exactly-once; Computation.dedup_retention): a duration with its unit (90s, 10m, "
-                        "1h; default 10m); a run longer than it keeps only its last DURATION's ids")
-    add_run_args(p)
+                   help="how long each stage keeps the ids of the records it ran, to drop one delivered "
+                        "again (Computation.dedup_retention): 90s, 10m, 1h (default 10m)")
+    common.add_run_args(p)
     p.set_defaults(func=_run, store=None)
 
 
@@ -87,32 +72,30 @@ def _run(args: argparse.Namespace) -> int:
         args.events, args.scale = scaled_events(args.events, args.scale), None
     if args.store is None:
         args.store = os.path.join("data", "demo")
-    layout = layout_from(args)
+    layout = common.layout_from(args)
     if layout.is_local:
         from ..demo.follow import check_store
 
         check_store(layout, follow=False)
-    progress = timed_say(time.monotonic())
-    zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
-    cfg = zookeeper.config
-    spark = spark_from(args, announce=True)
-    injector = demo_injector(args, layout)
-    pipeline = Pipeline(name="zeitgeist", injectors=(injector,), computations=demo_computations(args))
-    background = None
-    if args.gc_every is not None:
-        from deltawheel.gc.background import BackgroundGc
+    progress = common.timed_say(time.monotonic())
+    # the store's own server unless --zk is given; the last process using it stops it
+    with common.zookeeper_for(args, layout) as zookeeper:
+        spark = common.spark_from(args, announce=True)
+        injector = demo_injector(args, layout)
+        pipeline = Pipeline(name="zeitgeist", injectors=(injector,), computations=demo_computations(args))
+        background = None
+        if args.gc_every is not None:
+            from deltawheel.gc.background import BackgroundGc
 
-        background = BackgroundGc.every(spark, layout, args.gc_every)
-    try:
-        runner = PipelineRunner(spark, layout, pipeline, zk=cfg, wait_s=args.wait, progress=progress,
-                                max_pause_s=args.max_pause, instance=args.instance, background_gc=background)
+            background = BackgroundGc.every(spark, layout, args.gc_every)
+        runner = PipelineRunner(spark, layout, pipeline, zk=zookeeper.config, wait_s=args.wait,
+                                progress=progress, max_pause_s=args.max_pause, instance=args.instance,
+                                background_gc=background)
         summary = runner.run()
         for m in runner.moves:
             progress(f"instance {args.instance}: {m.computation} intervals {list(m.before)} -> {list(m.after)} "
                      f"in {m.seconds:.1f}s")
         _summary(spark, layout, summary, events=args.events)
-    finally:
-        zookeeper.release()  # the last process using the store's server stops it
     return 0
 
 
@@ -172,18 +155,18 @@ def _follow(args: argparse.Namespace) -> int:
 
     if args.store is None:
         args.store = os.path.join("data", "demo-follow")
-    layout = layout_from(args)
+    layout = common.layout_from(args)
     window_ms = int(round(args.window * 1000))
     check_settings(layout, rate=args.rate, seconds=args.seconds, window_ms=window_ms,  # before anything starts
                    instance=args.instance)
-    progress = timed_say(time.monotonic())
+    progress = common.timed_say(time.monotonic())
     names = tuple(f"{c.name} batch " for c in computations())
 
     def runner_lines(line: str) -> None:
         if not line.startswith(names):  # a line per batch is too many here
             progress(line)
 
-    with engine_from(args, layout, "zeitgeist") as (spark, engine):
+    with common.engine_from(args, layout, "zeitgeist") as (spark, engine):
         engine.progress = runner_lines
         result = follow(engine, os.path.join(_input_root(args, layout), "follow"), rate=args.rate,
                         seconds=args.seconds, seed=args.seed, every_s=args.every, window_ms=window_ms, say=progress,

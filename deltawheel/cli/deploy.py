@@ -25,34 +25,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.set_defaults(func=_setup)
     p = subparsers.add_parser("submit-args", help="print the --jars/--conf/--archives options spark-submit needs "
                                                   "for a deltawheel job")
-    p.add_argument("--object-store", action="store_true", help="tables on s3a://: the S3A jars and the log store "
-                                                               "arbitrated by ZooKeeper")
+    p.add_argument("--object-store", action="store_true", help="tables on s3a://: S3A jars, log store")
     p.add_argument("--archive", default=None, help="the packed environment (pack-env): executors run its Python")
     p.add_argument("--deploy-mode", choices=("client", "cluster"), default="client",
                    help="client: the driver runs here on this Python (default); cluster: on the archive's")
-    p.add_argument("--zk", default=None, help="ZooKeeper host:port[,...] for the s3a:// log store "
-                                              "(default $DELTAWHEEL_ZK)")
-    p.add_argument("--s3-endpoint", default=None, help="the object store's URL (with --s3-access-key/--s3-secret-key; "
-                                                       "default $DELTAWHEEL_S3_ENDPOINT and its keys)")
+    p.add_argument("--zk", default=None, help="ZooKeeper of the s3a:// log store (default $DELTAWHEEL_ZK)")
+    p.add_argument("--s3-endpoint", default=None,
+                   help="the object store's URL, with --s3-access-key and --s3-secret-key "
+                        "(default $DELTAWHEEL_S3_ENDPOINT and its keys)")
     p.add_argument("--s3-access-key", default="")
     p.add_argument("--s3-secret-key", default="")
-    p.add_argument("--driver-python", default=None, help="the driver's Python (client mode: default this one; "
-                                                         "cluster mode: the cluster's, with pyspark)")
+    p.add_argument("--driver-python", default=None,
+                   help="the driver's Python (client mode: default this one; cluster mode: the cluster's)")
     p.add_argument("--job", default=None, help="cluster mode: the job's .py file (carried by the launcher)")
-    p.add_argument("--bundle", default=None, help="cluster mode: folder to copy the jars, archive and launcher "
-                                                  "into, for an HTTP server the hosts reach")
+    p.add_argument("--bundle", default=None,
+                   help="cluster mode: folder to copy the jars, archive and launcher into, for the hosts")
     p.add_argument("--base-url", default=None, help="cluster mode: the URL that serves --bundle")
     p.add_argument("--words", action="store_true", help="one word per line (for scripts) instead of shell lines")
     p.set_defaults(func=_submit_args)
     q = subparsers.add_parser("pack-env", help="pack a virtual environment with deltawheel for spark-submit "
                                                "--archives (venv-pack)")
     q.add_argument("output", help="the archive to write, e.g. env.tar.gz")
-    q.add_argument("--python", default=None, help="the interpreter to make it from; the cluster's hosts need "
-                                                  "it at the same path (default: this one's base)")
+    q.add_argument("--python", default=None,
+                   help="the interpreter to make it from, at this path on the hosts (default: this base)")
     q.add_argument("--wheel", default=None, help="a built deltawheel wheel (default: built from this source tree)")
     q.add_argument("--with", dest="extra", action="append", default=[], help="another requirement (repeatable)")
-    q.add_argument("--keep-pyspark", action="store_true", help="ship pyspark too (left out by default: the "
-                                                               "cluster's Spark provides it)")
+    q.add_argument("--keep-pyspark", action="store_true", help="ship pyspark too (default: the cluster's)")
     q.set_defaults(func=_pack_env)
 
 

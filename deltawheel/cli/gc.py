@@ -8,16 +8,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
-from .common import (
-    Progress,
-    add_log_store_zk_args,
-    add_spark_args,
-    add_store_arg,
-    connected,
-    layout_from,
-    spark_from,
-    store_zookeeper,
-)
+from . import common
 
 __all__ = ["register"]
 
@@ -44,39 +35,34 @@ _seconds = _amount("seconds", finite=True)
 def register(sub: Any) -> None:
     """Add the ``gc`` subcommand to ``sub``."""
     p = sub.add_parser("gc", help="compact and vacuum the store's tables, apply stream retention (dry run by default)")
-    add_store_arg(p)
+    common.add_store_arg(p)
     p.add_argument("--apply", action="store_true", help="do it (default: print the plan)")
     p.add_argument("--stream-retention-hours", type=_hours, default=None,
                    help="delete stream records older than this (event time); default or 'inf': keep all")
     p.add_argument("--metrics-retention-hours", type=_hours, default=720.0,
-                   help="delete rows of the per-batch metrics table (_metrics/batches, what status and report "
-                   "plot) recorded longer ago than this (default 720 = 30 days; 'inf' keeps all)")
+                   help="delete per-batch metrics rows recorded longer ago (default 720; 'inf' keeps all)")
     p.add_argument("--late-data-retention-hours", type=_hours, default=None,
-                   help="delete rows of late_data (records later than the allowed lateness) recorded longer ago "
-                   "than this (by recorded_ms; default: keep all)")
+                   help="delete rows of late_data recorded longer ago (by recorded_ms; default: keep all)")
     p.add_argument("--dead-letter-retention-hours", type=_hours, default=None,
-                   help="delete rows of dead_letters (records the code failed on) recorded longer ago than this "
-                   "(by recorded_ms; default: keep all)")
+                   help="delete rows of dead_letters recorded longer ago (by recorded_ms; default: keep all)")
     p.add_argument("--vacuum-retain-hours", type=float, default=168.0,
                    help="VACUUM keeps unreferenced files younger than this (default 168 = Delta's minimum)")
     p.add_argument("--force", action="store_true",
                    help="allow a retention below Delta's 168 h safety minimum (only when no job writes or "
-                   "reads the store: a shorter one can delete files they still need)")
+                        "reads the store: a shorter one can delete files they still need)")
     p.add_argument("--log-retention-hours", type=_hours, default=None,
-                   help="delete Delta log files (commits, checkpoints) before the newest checkpoint older than "
-                   "this, after checkpointing each table (default or 'inf': Delta's own, 720 h); "
-                   "versions before it can no longer be read or replayed")
+                   help="delete Delta log files before the newest checkpoint older than this (default or "
+                        "'inf': Delta's own, 720 h); versions before it can no longer be read or replayed")
     p.add_argument("--keep-replay-hours", type=_hours, default=None,
-                   help="refuse (ReplayHorizonError, nothing changed) a stream, VACUUM or log retention shorter "
-                   "than this: replay must stay possible from this far back")
+                   help="refuse (ReplayHorizonError) a stream, VACUUM or log retention shorter than this")
     p.add_argument("--skip-zk", action="store_true",
-                   help="leave ZooKeeper alone (default: delete the znodes of gone instances and finished replays, "
-                   "and prune the rescaling input-file sets under the intervals' leases)")
+                   help="leave ZooKeeper alone (default: delete the znodes of gone instances and finished "
+                        "replays, prune the rescaling input-file sets under the leases)")
     p.add_argument("--lease-wait", type=_seconds, default=60.0, metavar="SECONDS",
-                   help="the input_sets pass waits this long for running owners to hand their intervals over at "
-                   "a batch boundary (default 60); a computation not handed over is left as it is")
-    add_log_store_zk_args(p, digest=True)
-    add_spark_args(p)
+                   help="how long the input_sets pass waits for running owners to hand their intervals over "
+                        "(default 60); a computation not handed over is left as it is")
+    common.add_log_store_zk_args(p, digest=True)
+    common.add_spark_args(p)
     p.set_defaults(func=_run)
 
 
@@ -84,20 +70,21 @@ def _run(args: argparse.Namespace) -> int:
     import deltawheel.migrations as migrations
     from deltawheel.gc.tool import gc_store
 
-    layout = layout_from(args)
-    spark = spark_from(args)
+    layout = common.layout_from(args)
+    spark = common.spark_from(args)
     migrations.check_store(spark, layout)
-    bar: list[Progress] = []
+    bar: list[common.Progress] = []
 
     def progress(what: str, total: int) -> None:  # a line per pass over a table, with an ETA
         if not bar:
-            bar.append(Progress("gc", total))
+            bar.append(common.Progress("gc", total))
         bar[0].step(what)
 
     @contextmanager
     def zookeeper() -> Iterator[tuple[Any, Any, str]]:  # the pipelines': --zk, else a local store's own
-        with store_zookeeper(args) as (_layout, cfg, client):
-            with connected(replace(cfg, chroot="/"), args.zk_timeout) if cfg.chroot != "/" else nullcontext() as root:
+        with common.store_zookeeper(args) as (_layout, cfg, client):
+            root_cfg = replace(cfg, chroot="/")
+            with common.connected(root_cfg, args.zk_timeout) if cfg.chroot != "/" else nullcontext() as root:
                 yield client, root, cfg.chroot
 
     def ms(hours: float | None, *, inf_keeps_all: bool = True) -> int | None:

@@ -22,10 +22,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "history", help="a key's versions, newest first: state decoded, timers, pending productions, dedup ids held, "
         "writer, sequencer, commit version and time",
-        description="Reads the rows table's Delta log and files (no Spark, no lease). A version is listed where "
-        "the key's row changed: its state, timers, dedup ids or pending productions (change: insert, update, or "
-        "delete when its state and timers were emptied). ids: the dedup ids the store held for the key at that "
-        "version, in its row or in its interval's ids files (the image path).")
+        description="Reads the rows table's Delta log and files (no Spark, no lease); a version is listed "
+        "where the key's row changed; ids: the dedup ids the store held for the key then (docs/history.md).")
     add_store_arg(p)
     add_key_args(p)
     p.add_argument("--limit", type=int, default=None, metavar="N", help="the newest N versions only")
@@ -33,14 +31,11 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_history)
 
 
-def _iso(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
-
-
 def change_json(c: Change, *, allow_pickle: bool = False) -> dict[str, Any]:
     """One version of a key as plain values: the commit's facts, its record ids then, the row decoded."""
     row = None if c.row is None else row_json(c.row, allow_pickle=allow_pickle)
-    return {"version": c.commit.version, "commit_time": _iso(c.commit.timestamp_ms),
+    iso = dt.datetime.fromtimestamp(c.commit.timestamp_ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+    return {"version": c.commit.version, "commit_time": iso,
             "commit_time_ms": c.commit.timestamp_ms, "change": c.change, "writer": c.commit.writer,
             "kind": c.commit.meta.get("kind") or c.commit.operation, "n_record_ids": c.n_record_ids, "row": row}
 

@@ -5,16 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import (
-    Progress,
-    add_log_store_zk_args,
-    add_spark_args,
-    add_store_arg,
-    connected,
-    layout_from,
-    running_store_zk,
-    spark_from,
-)
+from . import common
 
 __all__ = ["register"]
 
@@ -22,16 +13,14 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:
     """Add the ``migrate`` subcommand."""
     p = subparsers.add_parser(
-        "migrate",
-        help="show (or with --apply run) the pending schema migrations of a store",
-        description="Without --apply only prints the plan (a dry run). Creates the store if it "
-        "doesn't exist yet. Safe to re-run; an interrupted run resumes where it stopped.",
-    )
-    add_store_arg(p)
+        "migrate", help="show (or with --apply run) the pending schema migrations of a store",
+        description="Without --apply only prints the plan (a dry run). Creates the store if it doesn't exist "
+        "yet. Safe to re-run; an interrupted run resumes where it stopped.")
+    common.add_store_arg(p)
     p.add_argument("--apply", action="store_true", help="run the pending migrations (refused while a pipeline "
                    "of the store runs, as the pipelines' ZooKeeper shows: --zk, or a local store's own)")
-    add_log_store_zk_args(p)
-    add_spark_args(p)
+    common.add_log_store_zk_args(p)
+    common.add_spark_args(p)
     p.set_defaults(func=_run)
 
 
@@ -40,21 +29,22 @@ def _refuse_while_running(args: argparse.Namespace, spark: Any, layout: Any) -> 
     from deltawheel.migrations.live import refuse_while_running_on
     from deltawheel.statestore.config import ZkConfig
 
-    hosts = args.zk if args.zk is not None else running_store_zk(layout)
+    hosts = args.zk if args.zk is not None else common.running_store_zk(layout)
     if hosts is not None:
-        refuse_while_running_on(spark, layout, lambda: connected(ZkConfig(hosts=hosts, chroot=args.zk_chroot), 10.0))
+        cfg = ZkConfig(hosts=hosts, chroot=args.zk_chroot)
+        refuse_while_running_on(spark, layout, lambda: common.connected(cfg, 10.0))
 
 
 def _run(args: argparse.Namespace) -> int:
     import deltawheel.migrations as migrations
 
-    layout = layout_from(args)
-    spark = spark_from(args)
-    progress: Progress | None = None
+    layout = common.layout_from(args)
+    spark = common.spark_from(args)
+    progress: common.Progress | None = None
 
     def on_step(step: migrations.PlannedMigration, total: int) -> None:
         nonlocal progress
-        progress = progress or Progress("migrate", total)
+        progress = progress or common.Progress("migrate", total)
         progress.step(f"migration {step.version} ({step.name})")
 
     if args.apply:

@@ -6,15 +6,8 @@ from __future__ import annotations
 import argparse
 
 from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.zk import members
 from deltawheel.statestore.zk.lease_tools import list_leases
-from deltawheel.statestore.zk.members import (
-    clear_move,
-    live_members,
-    parse_assign,
-    read_move,
-    request_move,
-    target,
-)
 
 from .common import add_optional_store, add_pipeline_arg, zk_client
 
@@ -37,9 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _rebalance(args: argparse.Namespace) -> int:
     if (args.assign or args.clear) and not args.computation:
         raise ConfigError("--assign and --clear need --computation (a move request is per computation)")
-    assignment = parse_assign(args.assign)
+    assignment = members.parse_assign(args.assign)
     with zk_client(args) as (_, client):
-        live = live_members(client, args.pipeline)
+        live = members.live_members(client, args.pipeline)
         print(f"live instances of {args.pipeline}: {', '.join(live) or '(none)'}")
         rows = [r for r in list_leases(client, pipeline=args.pipeline)
                 if args.computation is None or r["computation"] == args.computation]
@@ -47,8 +40,8 @@ def _rebalance(args: argparse.Namespace) -> int:
         for comp in comps:
             mine = [r for r in rows if r["computation"] == comp]
             n = max((r["interval"] for r in mine), default=-1) + 1
-            want = {iv: m for m, ivs in target(client, args.pipeline, comp, n).items() for iv in ivs}
-            move = read_move(client, args.pipeline, comp)
+            want = {iv: m for m, ivs in members.target(client, args.pipeline, comp, n).items() for iv in ivs}
+            move = members.read_move(client, args.pipeline, comp)
             print(f"{comp}: {n} intervals" + (f"; move request {move}" if move else "; no move request"))
             for r in mine:
                 held = "(free)" if r["owner"] is None else r["owner"]
@@ -57,11 +50,12 @@ def _rebalance(args: argparse.Namespace) -> int:
                 if args.plan:
                     print(f"plan: would request {assignment} (instances apply it between batches)")
                 else:
-                    request_move(client, args.pipeline, comp, assignment)
+                    members.request_move(client, args.pipeline, comp, assignment)
                     print(f"requested {assignment}; instances apply it between batches while all named are live")
             elif args.clear and comp == args.computation:
                 if args.plan:
                     print("plan: would delete the move request (back to the members' split)")
                 else:
-                    print("move request deleted" if clear_move(client, args.pipeline, comp) else "no move request")
+                    cleared = members.clear_move(client, args.pipeline, comp)
+                    print("move request deleted" if cleared else "no move request")
     return 0

@@ -5,17 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import (
-    add_handover_args,
-    add_live_args,
-    add_zk_spark_args,
-    handover_wait_s,
-    layout_from,
-    plural,
-    say,
-    spark_from,
-    store_zookeeper,
-)
+from . import common
 
 __all__ = ["register"]
 
@@ -25,16 +15,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = subparsers.add_parser(
         "repair", help="UPDATE, DELETE or MERGE a live computation's decoded state (or its timers, pending productions), fenced, under its leases, audited "
                        "(docs/operations.md)")
-    add_live_args(p, "the computation whose rows are repaired")
+    common.add_live_args(p, "the computation whose rows are repaired")
     p.add_argument("statement", help="UPDATE state SET state_json = <expr> [WHERE ...] | DELETE FROM state [WHERE ...] | "
                                       "MERGE INTO state USING parquet.`path` AS s ON state.key = s.col WHEN ... | "
                                       "DELETE FROM timers [WHERE ...] | UPDATE timers SET time_ms = <expr> [WHERE ...] "
                                       "| DELETE FROM pending_productions [WHERE ...]")
     p.add_argument("--codec", default=None,
                    help="codec of the keys a MERGE inserts, NAME[@STATE_VERSION] (default: the computation's rows')")
-    add_handover_args(p)
+    common.add_handover_args(p)
     p.add_argument("--plan", action="store_true", help="print each key's state before and after, change nothing")
-    add_zk_spark_args(p, timeout=True)
+    common.add_zk_spark_args(p, timeout=True)
     p.set_defaults(func=_run)
 
 
@@ -63,19 +53,20 @@ def _run(args: argparse.Namespace) -> int:
     from deltawheel.statestore.surgery.repair import parse_repair, plan_repair, repair
 
     parse_repair(args.statement)  # before Spark and ZooKeeper: a bad statement is refused at once
-    store = layout_from(args)
-    spark = spark_from(args)
-    with store_zookeeper(args) as (_, _cfg, client):
+    store = common.layout_from(args)
+    spark = common.spark_from(args)
+    with common.store_zookeeper(args) as (_, _cfg, client):
         if args.plan:
             plan = plan_repair(spark, store, client, pipeline=args.pipeline, computation=args.computation,
                                statement=args.statement, codec=args.codec)
-            print(f"repair of {args.computation} would write {plural(len(plan.upserted), 'key')} and delete "
+            keys = common.plural(len(plan.upserted), "key")
+            print(f"repair of {args.computation} would write {keys} and delete "
                   f"{len(plan.deleted)} (nothing changed):")
             _show(plan)
             return 0
         r = repair(spark, store, client, pipeline=args.pipeline, computation=args.computation,
-                   statement=args.statement, wait_s=handover_wait_s(args), no_wait=args.no_wait, codec=args.codec,
-                   progress=say)
+                   statement=args.statement, wait_s=common.handover_wait_s(args), no_wait=args.no_wait,
+                   codec=args.codec, progress=common.say)
     if not r.rows_changed:
         print(f"the statement changes no key of {args.computation}; nothing was written")
         return 0

@@ -8,17 +8,7 @@ import datetime as dt
 from dataclasses import replace
 from typing import Any
 
-from .common import (
-    add_live_args,
-    add_spark_args,
-    add_zk_spark_args,
-    computation_code,
-    int_list,
-    layout_from,
-    say,
-    spark_from,
-    zk_config_from,
-)
+from . import common
 
 __all__ = ["register"]
 
@@ -28,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = subparsers.add_parser(
         "replay", help="re-run a computation from a past rows version into a shadow store, then diff it against "
                        "the live store (docs/replay.md)")
-    add_live_args(p, "the computation to replay", store="the live store (only read)")
+    common.add_live_args(p, "the computation to replay", store="the live store (only read)")
     start = p.add_mutually_exclusive_group(required=True)
     start.add_argument("--from-version", type=int, help="the rows-table version whose state the replay starts from")
     start.add_argument("--from-timestamp", help="the newest rows version at or before this time (ISO 8601 or epoch ms)")
@@ -41,15 +31,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--code", help="MODULE:CLASS of the code to run (default: the live class: the --source "
                                   "pipeline's, or the demo pipeline's)")
     p.add_argument("--source", metavar="MODULE:PIPELINE",
-                   help="the live pipeline (what `deltawheel run MODULE:PIPELINE` takes): its injectors feed a "
-                        "replayed computation that reads one, its class is the default --code")
+                   help="the live pipeline: its injectors feed the replay, its class is the default --code")
     p.add_argument("--into", required=True, help="the shadow store's folder or s3a:// URI (with --zk): empty, or an earlier "
                    "replay's to continue it")
     p.add_argument("--plan", action="store_true", help="print what it would read and write, and stop")
     p.add_argument("--diff-out", help="write the diff as JSON to this file")
     p.add_argument("--write-path", default="auto", choices=("auto", "image", "merge"),
                    help="the shadow store's write path")
-    add_zk_spark_args(p)
+    common.add_zk_spark_args(p)
     p.set_defaults(func=_run_replay)
 
     d = subparsers.add_parser("diff", help="the difference of one computation's state and productions between "
@@ -61,9 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     d.add_argument("--stream", action="append", default=[], help="a stream the computation produces to (repeatable)")
     d.add_argument("--diff-out", help="write the diff as JSON to this file")
     d.add_argument("--plain", action="store_true",
-                   help="compare the two stores as they are, also when store B is a replay of store A (without "
-                        "it, such a pair is compared as the replay's own diff compares it: docs/replay.md)")
-    add_spark_args(d)
+                   help="compare the stores as they are, also when store B is a replay of A (docs/replay.md)")
+    common.add_spark_args(d)
     d.set_defaults(func=_run_diff)
 
 
@@ -86,24 +74,24 @@ def _run_replay(args: argparse.Namespace) -> int:
     from deltawheel.executor.drivers.replay import plan_replay, replay, replay_scope, shadow_chroot
     from deltawheel.statestore.exceptions import ConfigError
 
-    store = layout_from(args)
-    into = layout_from(argparse.Namespace(store=args.into))
+    store = common.layout_from(args)
+    into = common.layout_from(argparse.Namespace(store=args.into))
     source = None
     if args.source:
         from deltawheel.executor.drivers.pipeline import load_pipeline
 
         source = load_pipeline(args.source)
-    code = computation_code(  # before Spark: a bad --code is refused at once
+    code = common.computation_code(  # before Spark: a bad --code is refused at once
         args, args.code, "the store does not record code: give --source MODULE:PIPELINE (the live pipeline) or "
         f"--code MODULE:CLASS for computation {args.computation!r} of pipeline {args.pipeline!r}", source=source,
         strict=True)
-    intervals = int_list(args.intervals, "--intervals")
+    intervals = common.int_list(args.intervals, "--intervals")
     keys = None if args.keys is None else [k.strip() for k in args.keys.split(",")]
     replay_scope(type(code).num_intervals, intervals=intervals, keys=keys)  # so is a bad selection
     if not into.is_local and not args.zk:
         raise ConfigError(f"--into {args.into} is on an object store: commits to it are arbitrated by ZooKeeper; "
                           "pass --zk host:port[,host:port] (the one its pipelines use) or set DELTAWHEEL_ZK")
-    spark = spark_from(args)
+    spark = common.spark_from(args)
     if not into.is_local and store.is_local:  # the live store's session does not arbitrate s3a:// commits yet
         from deltawheel.statestore.objectstore.logstore import configure_log_store
 
@@ -118,9 +106,9 @@ def _run_replay(args: argparse.Namespace) -> int:
     if args.plan:
         return 0
     shadow = shadow_chroot(args.zk_chroot, into)
-    zk = None if args.zk is None else replace(zk_config_from(args), chroot=shadow)
+    zk = None if args.zk is None else replace(common.zk_config_from(args), chroot=shadow)
     result = replay(spark, plan, code=code, zk=zk, write_path=args.write_path,
-                    injectors=() if source is None else source.injectors, progress=say,
+                    injectors=() if source is None else source.injectors, progress=common.say,
                     source=args.source, code_spec=args.code)
     assert result.diff is not None
     _show_diff(args, result.diff)
@@ -134,8 +122,9 @@ def _run_diff(args: argparse.Namespace) -> int:
 
     if len(args.store) != 2:
         raise ConfigError(f"give --store exactly twice (store A, then store B); got {len(args.store)}")
-    a, b = (layout_from(argparse.Namespace(store=s)) for s in args.store)
-    spark = spark_from(argparse.Namespace(store=args.store[0], master=args.master, driver_memory=args.driver_memory))
+    a, b = (common.layout_from(argparse.Namespace(store=s)) for s in args.store)
+    spark = common.spark_from(argparse.Namespace(store=args.store[0], master=args.master,
+                                                 driver_memory=args.driver_memory))
     of = None if args.plain else replay_of(spark, a, b, args.computation)
     if of is None:
         if not args.plain and replay_of(spark, b, a, args.computation) is not None:

@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import (
-    add_json_arg,
-    add_pipeline_arg,
-    add_store_arg,
-    add_zk_spark_args,
-    print_json,
-    spark_from,
-    store_zookeeper,
-)
+from . import common
 
 __all__ = ["injector_line", "register"]
 
@@ -20,14 +12,13 @@ __all__ = ["injector_line", "register"]
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``reseed`` subcommand to ``subparsers``."""
     p = subparsers.add_parser(
-        "reseed", help="after ZooKeeper lost its data: re-seed its sequencers above the store's and restore the "
-                       "injector watermarks the store's commits record (dry run unless --apply); stop the pipeline "
-                       "first")
-    add_store_arg(p)
-    add_pipeline_arg(p)
+        "reseed", help="after ZooKeeper lost its data: re-seed its sequencers and injector watermarks from "
+                       "the store (dry run unless --apply); stop the pipeline first")
+    common.add_store_arg(p)
+    common.add_pipeline_arg(p)
     p.add_argument("--apply", action="store_true", help="change ZooKeeper (default: print what would change)")
-    add_json_arg(p)
-    add_zk_spark_args(p, timeout=True)
+    common.add_json_arg(p)
+    common.add_zk_spark_args(p, timeout=True)
     p.set_defaults(func=_run)
 
 
@@ -46,15 +37,16 @@ def _run(args: argparse.Namespace) -> int:
     from deltawheel.statestore.ownership.reseed import apply_reseed, plan_reseed, store_sequencers
     from deltawheel.statestore.zk.client import digest_acls
 
-    with store_zookeeper(args) as (layout, cfg, client):
-        spark = spark_from(args)
+    with common.store_zookeeper(args) as (layout, cfg, client):
+        spark = common.spark_from(args)
         held = store_sequencers(spark, layout)
         recorded = recorded_injector_watermarks(spark, layout.rows, held)
         plan = plan_reseed(spark, layout, client, pipeline=args.pipeline, injectors=recorded, sequencers=held)
         after = apply_reseed(spark, layout, client, plan, acls=digest_acls(cfg)) if args.apply else None
     if args.json:
-        print_json({**plan.to_dict(), "applied": bool(args.apply), "zookeeper_next_after": None if after is None else
-                    {c: {str(i): s for i, s in per.items()} for c, per in after.items()}})
+        after_json = None if after is None else {
+            c: {str(i): s for i, s in per.items()} for c, per in after.items()}
+        common.print_json({**plan.to_dict(), "applied": bool(args.apply), "zookeeper_next_after": after_json})
         return 0
     print(f"pipeline {plan.pipeline}, store {plan.root}: binding {'present' if plan.bound else 'MISSING'} in ZooKeeper")
     for comp, per in sorted(plan.store.items()):

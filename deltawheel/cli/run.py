@@ -22,22 +22,20 @@ def register(sub: Any) -> None:
                         "returning one (e.g. myjob:pipeline)")
     add_store_arg(p)
     p.add_argument("--trigger", action="append", default=[], metavar="[COMPUTATION=]INTERVAL",
-                   help="when a query starts its next micro-batch: a processing-time interval such as "
-                        "'500 milliseconds' or '2s' (default: as fast as possible); COMPUTATION=INTERVAL for one "
-                        "computation (repeatable)")
+                   help="a processing-time interval between micro-batches, e.g. '2s' (default: as fast as "
+                        "possible); COMPUTATION=INTERVAL for one computation (repeatable)")
     p.add_argument("--computation", action="append", default=None,
                    help="run only this computation here (repeatable; default: all)")
     p.add_argument("--seconds", type=float, default=None, help="stop after this many seconds (default: run until stopped)")
     p.add_argument("--drain", action="store_true",
-                   help="the stop (--seconds, SIGTERM, Ctrl-C) is the end of the input: read every source to its end, "
-                        "move the watermarks to the end of time, fire and deliver everything, then exit")
+                   help="the stop (--seconds, SIGTERM, Ctrl-C) is the end of the input: read every source to "
+                        "its end, fire and deliver everything, then exit")
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for leases another process holds")
     p.add_argument("--instance", default=None,
                    help="this job instance's name (letters, digits, _): processes with different names share the "
                         "intervals; a restart under the same name takes its killed predecessor's leases at once")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                   help="serve the computations' figures for Prometheus at http://HOST:PORT/metrics (0: a free port, "
-                        "printed at the start; docs/watching.md)")
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)")
     add_run_args(p)
     p.set_defaults(func=_run)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import functools
 import json
 import os
@@ -18,18 +19,11 @@ from typing import Any, Callable, Iterable, TextIO
 
 from deltawheel.statestore.comments import describe as describe_columns
 from deltawheel.statestore.delta.jvm import jsession, jvm
+from deltawheel.statestore.inspection import sqlviews
 from deltawheel.statestore.inspection.asof import resolve_as_of, store_tables
 from deltawheel.statestore.inspection.readonly import check_read_only, read_only_session
-from deltawheel.statestore.inspection.sqlviews import (
-    FORMATS,
-    TABLE_MAX_ROWS,
-    format_rows,
-    inspect_key,
-    register_views,
-    write_sql,
-)
 
-from .common import add_key_args, add_spark_args, add_store_arg, layout_from, spark_from
+from .common import add_allow_pickle_arg, add_key_args, add_spark_args, add_store_arg, layout_from, spark_from
 
 __all__ = ["register", "split_statements", "shell"]
 
@@ -47,19 +41,16 @@ def register(subparsers: Any) -> None:
                    help='e.g. "SELECT key, state_json FROM state ORDER BY key"')
     p.add_argument("--describe", metavar="VIEW",
                    help="print the columns of VIEW (or table) with their types and comments, and exit")
-    p.add_argument("--format", choices=FORMATS, default="table",
-                   help="table (for people), csv, or json (JSON Lines, one object per row; with several "
-                   "statements, or a shell, each line is {\"query\": N, \"row\": {...}}: N counts the statements "
-                   "from 1)")
+    p.add_argument("--format", choices=sqlviews.FORMATS, default="table",
+                   help="table (for people), csv, or json (JSON Lines; with several statements, or a shell, "
+                   "each line is {\"query\": N, \"row\": {...}}, N counting the statements from 1)")
     p.add_argument("--max-rows", type=int, default=None,
-                   help=f"show at most N rows (default: every row for csv and json, {TABLE_MAX_ROWS} for table); "
-                   "a cut is said on stderr with the total")
-    p.add_argument("--allow-pickle", action="store_true", help="decode pickled values (runs code!)")
+                   help="show at most N rows (default: all for csv and json, "
+                   f"{sqlviews.TABLE_MAX_ROWS} for table); a cut is said on stderr")
+    add_allow_pickle_arg(p)
     p.add_argument("--as-of", metavar="VERSION|TIMESTAMP",
-                   help="run the views over a past snapshot of every table: a TIMESTAMP (ISO 8601, UTC unless an "
-                   "offset is given) reads each table at its newest version committed by then; a VERSION is the rows "
-                   "table's (as history lists them), the other tables are read as of its commit time "
-                   "(docs/history.md)")
+                   help="run the views over a past snapshot: the rows table's VERSION, or a TIMESTAMP (ISO "
+                   "8601, UTC unless an offset is given); docs/history.md")
     add_spark_args(p)
     p.set_defaults(func=_sql)
 
@@ -73,7 +64,7 @@ def register(subparsers: Any) -> None:
     add_store_arg(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=10000)
-    p.add_argument("--allow-pickle", action="store_true", help="decode pickled values (runs code!)")
+    add_allow_pickle_arg(p)
     add_spark_args(p)
     p.set_defaults(func=_sql_server)
 
@@ -123,9 +114,9 @@ def _sql(args: argparse.Namespace) -> int:
         count[0] += 1
         try:
             views.for_statement(query)
-            got = write_sql(spark, layout, query, sys.stdout, fmt=args.format, max_rows=args.max_rows,
-                            allow_pickle=args.allow_pickle, register=False,
-                            number=count[0] if numbered else None)
+            got = sqlviews.write_sql(spark, layout, query, sys.stdout, fmt=args.format,
+                                     max_rows=args.max_rows, allow_pickle=args.allow_pickle, register=False,
+                                     number=count[0] if numbered else None)
         except AnalysisException as exc:
             return _sql_error(exc)
         sys.stdout.flush()
@@ -136,14 +127,16 @@ def _sql(args: argparse.Namespace) -> int:
 
     def describe(name: str | None) -> int:
         if name is None:
-            sys.stdout.write(format_rows(["view"], [(v,) for v in sorted(views.ensure_all())], fmt=args.format))
+            names = [(v,) for v in sorted(views.ensure_all())]
+            sys.stdout.write(sqlviews.format_rows(["view"], names, fmt=args.format))
             return 0
         views.ensure([name])
         try:
             cols = describe_columns(spark, name)
         except AnalysisException as exc:
             return _sql_error(exc)
-        sys.stdout.write(format_rows(["column", "type", "comment"], cols, fmt=args.format, cut=False))
+        sys.stdout.write(sqlviews.format_rows(["column", "type", "comment"], cols, fmt=args.format,
+                                              cut=False))
         return 0
 
     if args.describe:
@@ -171,7 +164,8 @@ def _inspect(args: argparse.Namespace) -> int:
     local = key_row_from_files(layout, computation=args.computation, key=args.key) \
         if layout.is_local and os.path.isdir(layout.rows) else False
     spark = _checked_spark(args) if local is False else None
-    found = inspect_key(spark, layout, computation=args.computation, key=args.key, allow_pickle=args.allow_pickle)
+    found = sqlviews.inspect_key(spark, layout, computation=args.computation, key=args.key,
+                                 allow_pickle=args.allow_pickle)
     if found is None:
         c, k = args.computation, args.key
         print(f"no row for key {k!r} of computation {c!r}: the key holds no state, timers or pending "
@@ -202,7 +196,8 @@ def _sql_server(args: argparse.Namespace) -> int:
     views: list[str] = []
     # read-only, as ``sql``: the clients' statements are checked once parsed and once analysed (writes refused)
     session = read_only_session(spark, lambda s: views.extend(
-        register_views(s, layout_from(args), allow_pickle=args.allow_pickle)), table_names=lambda: views)
+        sqlviews.register_views(s, layout_from(args), allow_pickle=args.allow_pickle)),
+        table_names=lambda: views)
     server = jvm(spark).org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
         jsession(session).sqlContext()
     )
@@ -255,10 +250,8 @@ def split_statements(text: str) -> list[str]:
 def _lines(stdin: TextIO, prompt: Callable[[], str]) -> Iterable[str]:
     interactive = stdin.isatty()
     if interactive:
-        try:
+        with contextlib.suppress(ImportError):
             import readline  # noqa: F401  (line editing and history for input())
-        except ImportError:
-            pass
     while True:
         if interactive:
             try:

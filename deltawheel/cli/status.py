@@ -6,16 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import (
-    add_json_arg,
-    add_pipeline_arg,
-    add_store_arg,
-    add_zk_args,
-    existing_layout_from,
-    print_json,
-    spark_from,
-    store_zookeeper,
-)
+from . import common
 
 __all__ = ["register"]
 
@@ -23,26 +14,26 @@ __all__ = ["register"]
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``status`` and ``report``."""
     p = subparsers.add_parser("status", help="owners, watermarks and lag, last batches, dead letters per computation")
-    add_store_arg(p)
-    add_pipeline_arg(p, required=False)
+    common.add_store_arg(p)
+    common.add_pipeline_arg(p, required=False)
     p.add_argument("--batches", type=int, default=3, metavar="N", help="last batches shown per computation (default 3)")
-    add_json_arg(p)
-    add_zk_args(p, timeout=True)
+    common.add_json_arg(p)
+    common.add_zk_args(p, timeout=True)
     p.set_defaults(func=_status)
     p = subparsers.add_parser("report", help="write a self-contained HTML page with plots of the store's pipelines")
-    add_store_arg(p)
+    common.add_store_arg(p)
     p.add_argument("--out", required=True, help="the HTML file to write")
-    add_pipeline_arg(p, required=False)
-    add_zk_args(p, timeout=True)
+    common.add_pipeline_arg(p, required=False)
+    common.add_zk_args(p, timeout=True)
     p.set_defaults(func=_report)
 
 
 def _gather(args: argparse.Namespace) -> Any:
     from deltawheel.executor.drivers.status import gather
 
-    layout = existing_layout_from(args)
-    spark = None if layout.is_local else spark_from(args)
-    with store_zookeeper(args) as (layout, _cfg, client):
+    layout = common.existing_layout_from(args)
+    spark = None if layout.is_local else common.spark_from(args)
+    with common.store_zookeeper(args) as (layout, _cfg, client):
         return gather(layout, client, pipeline=args.pipeline, spark=spark)
 
 
@@ -51,7 +42,7 @@ def _status(args: argparse.Namespace) -> int:
 
     st = _gather(args)
     if args.json:
-        print_json(st.__dict__)
+        common.print_json(st.__dict__)
     else:
         print(render(st, batches=args.batches))
     return 0

@@ -8,17 +8,7 @@ import json
 import os
 from typing import Any
 
-from .common import (
-    add_handover_args,
-    add_live_args,
-    add_zk_spark_args,
-    computation_code,
-    handover_wait_s,
-    layout_from,
-    say,
-    spark_from,
-    store_zookeeper,
-)
+from . import common
 
 __all__ = ["register"]
 
@@ -28,18 +18,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = subparsers.add_parser(
         "upgrade-state", help="upgrade every key's state of an older state_version now (upgrade_state), fenced, "
                               "under the leases, audited, while the pipeline runs (docs/operations.md)",
-        description="Reads every row of the computation stored in a state_version older than the code's, runs the "
-                    "code's upgrade_state on it, re-encodes it with the code's codec and writes them in one fenced "
-                    "commit under the leases of their intervals (a running owner hands them over at its next batch "
-                    "boundary), recorded in the audit table (tool upgrade-state). Run it once the pipeline runs the "
-                    "new code. An upgrade_state that raises for any key refuses the whole upgrade: nothing changed.")
-    add_live_args(p, "the computation whose state is upgraded")
+        description="Runs the code's upgrade_state on every row of an older state_version, in one fenced, "
+                    "audited commit under the intervals' leases; run it once the pipeline runs the new code. "
+                    "A key whose upgrade raises refuses the whole upgrade (docs/operations.md).")
+    common.add_live_args(p, "the computation whose state is upgraded")
     p.add_argument("--code", help="MODULE:CLASS of the computation's new code (its state_version and upgrade_state; "
                                   "default: the code a package registered for the pipeline, e.g. the demo's)")
-    add_handover_args(p)
+    common.add_handover_args(p)
     p.add_argument("--plan", action="store_true",
                    help="print the rows per state version and a sample of upgrades (before and after), change nothing")
-    add_zk_spark_args(p, timeout=True)
+    common.add_zk_spark_args(p, timeout=True)
     p.set_defaults(func=_run)
 
 
@@ -52,15 +40,15 @@ def _run(args: argparse.Namespace) -> int:
     from deltawheel.executor.drivers.upgrade import plan_upgrade, upgrade_all
     from deltawheel.statestore.exceptions import NotAStoreError
 
-    code = computation_code(  # before Spark and ZooKeeper: a bad --code is refused at once
+    code = common.computation_code(  # before Spark and ZooKeeper: a bad --code is refused at once
         args, args.code, f"give --code MODULE:CLASS: the computation {args.computation!r} of pipeline "
         f"{args.pipeline!r} with the new state_version and its upgrade_state (the store does not record code)")
-    layout = layout_from(args)
+    layout = common.layout_from(args)
     if layout.is_local and not os.path.isdir(layout.root):
         raise NotAStoreError(f"--store {args.store} does not exist: pass the folder of the pipeline's store")
-    spark = spark_from(args)
+    spark = common.spark_from(args)
     migrations.check_store(spark, layout)
-    with store_zookeeper(args) as (_, _cfg, client):
+    with common.store_zookeeper(args) as (_, _cfg, client):
         if args.plan:
             plan = plan_upgrade(spark, layout, client, pipeline=args.pipeline, code=code)
             counts = ", ".join(f"version {v}: {n}" for v, n in plan.versions.items()) or "none"
@@ -70,8 +58,9 @@ def _run(args: argparse.Namespace) -> int:
             for key, version, old, new in plan.sample:
                 print(f"  {key!r}: version {version} {_text(old)} -> {_text(new)}")
             return 0
-        r = upgrade_all(spark, layout, client, pipeline=args.pipeline, code=code, wait_s=handover_wait_s(args),
-                        no_wait=args.no_wait, source=args.code or "", progress=say)
+        r = upgrade_all(spark, layout, client, pipeline=args.pipeline, code=code,
+                        wait_s=common.handover_wait_s(args), no_wait=args.no_wait, source=args.code or "",
+                        progress=common.say)
     if not r.rows_changed:
         print(f"every row of {args.computation} is of state_version {code.state_version} already; nothing was written")
         return 0

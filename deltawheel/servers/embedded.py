@@ -190,10 +190,8 @@ class StoreZooKeeper:
 
     def acquire(self, *, keep: bool = False, port: int | None = None, register: bool = True,
                 timeout_s: float = 30.0) -> tuple[EmbeddedZooKeeper, ServerUser | None, bool]:
-        """Find the store's running server or start it; join it as a user (``register``).
-
-        Returns:
-            (the server, this process's user entry or None, whether this call started it).
+        """Find the store's running server or start it; join it as a user (``register``). Returns the
+        server, this process's user entry (None without ``register``) and whether this call started it.
 
         Raises:
             ZooKeeperServerError: it does not start, or it runs on another port than ``port``.
@@ -312,8 +310,6 @@ class ZooKeeperUse:
             return False
         self._released = True
         return self._owner.release(self._user)
-
-    stop = release
 
     def __enter__(self) -> ZooKeeperUse:
         return self

@@ -18,16 +18,7 @@ from typing import Any
 from deltawheel.statestore.exceptions import ClusterError
 from deltawheel.statestore.objectstore.client import S3Endpoint
 
-from .cluster import (
-    MASTER_CLASS,
-    WORKER_CLASS,
-    await_up,
-    launch_spark,
-    master_alive,
-    master_state,
-    read_manifest,
-    spark_process,
-)
+from . import cluster
 from .netns import Host, HostNetwork, host_prefix, isolated_prefix, leftovers
 from .s3proxy import S3ProxyServer
 from .zookeeper import EmbeddedZooKeeper, QuorumPeer
@@ -79,7 +70,7 @@ class HostsCluster:
                  services: Sequence[str] | None = None, worker_memory: str = "2g") -> None:
         self.data_dir = Path(data_dir).resolve()
         self.manifest = self.data_dir / "hosts.json"  # the subnet and the services
-        saved = read_manifest(self.manifest)
+        saved = cluster.read_manifest(self.manifest)
         if saved is not None:
             subnet = str(saved["subnet"])
         if services is None:
@@ -106,10 +97,11 @@ class HostsCluster:
             for p in peers)
         self.s3 = S3ProxyServer(self.dir("s3") / "s3proxy", port=S3_PORT, host=self.hosts["s3"].address,
                                 jars_dir=self.dir("s3") / "jars", prefix=self.isolated("s3"))
-        self.master = spark_process("Spark master on host master", self.dir("master"), MASTER_CLASS,
-                                    self.isolated("master", spark=True))
-        self.workers = tuple(spark_process(f"Spark worker on host {n}", self.dir(n), WORKER_CLASS,
-                                           self.isolated(n, spark=True)) for n in ("worker1", "worker2"))
+        self.master = cluster.spark_process("Spark master on host master", self.dir("master"),
+                                            cluster.MASTER_CLASS, self.isolated("master", spark=True))
+        self.workers = tuple(cluster.spark_process(f"Spark worker on host {n}", self.dir(n),
+                                                   cluster.WORKER_CLASS, self.isolated(n, spark=True))
+                             for n in ("worker1", "worker2"))
 
     def dir(self, host: str) -> Path:
         """A host's own folder."""
@@ -210,21 +202,23 @@ class HostsCluster:
         for name in ("master", "worker1", "worker2"):
             (self.dir(name) / "conf").mkdir(parents=True, exist_ok=True)
             (self.dir(name) / "conf" / "spark-defaults.conf").write_text(_SPARK_DEFAULTS)
-        launch_spark(self.master, spark_class, self.hosts["master"].address, MASTER_PORT, MASTER_UI)
-        await_up(self.master, lambda: master_alive(self.master_json()), timeout_s, check=self._check("master"))
+        cluster.launch_spark(self.master, spark_class, self.hosts["master"].address, MASTER_PORT, MASTER_UI)
+        cluster.await_up(self.master, lambda: cluster.master_alive(self.master_json()), timeout_s,
+                         check=self._check("master"))
         for name, proc in zip(("worker1", "worker2"), self.workers, strict=True):
-            launch_spark(proc, spark_class, self.hosts[name].address, WORKER_PORT, WORKER_UI,
-                         master_url=self.master_url, cores=2, memory=self.worker_memory)
+            cluster.launch_spark(proc, spark_class, self.hosts[name].address, WORKER_PORT, WORKER_UI,
+                                 master_url=self.master_url, cores=2, memory=self.worker_memory)
         for name, proc in zip(("worker1", "worker2"), self.workers, strict=True):
             addr = self.hosts[name].address
-            await_up(proc, lambda a=addr: a in self.registered_workers(), timeout_s, check=self._check(name))
+            cluster.await_up(proc, lambda a=addr: a in self.registered_workers(), timeout_s,
+                             check=self._check(name))
 
     def _check(self, host: str) -> str:
         return f" and that this machine reaches {self.hosts[host].address} over the bridge"
 
     def master_json(self) -> dict[str, Any] | None:
         """The master's state (``/json/``), or None when it does not answer."""
-        return master_state(self.master_ui)
+        return cluster.master_state(self.master_ui)
 
     def registered_workers(self) -> list[str]:
         """The addresses of the workers the master lists ALIVE."""

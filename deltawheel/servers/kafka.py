@@ -27,12 +27,9 @@ _K = "org.apache.kafka"
 # kafka_2.13's runtime dependencies minus what pyspark's jars folder ships; the two Jackson
 # modules at pyspark's Jackson version, so that one Jackson is on the classpath.
 KAFKA_BROKER_JARS: tuple[tuple[str, str, str], ...] = (
-    (_K, "kafka_2.13", KAFKA_VERSION), (_K, "kafka-clients", KAFKA_VERSION),
-    (_K, "kafka-server-common", KAFKA_VERSION), (_K, "kafka-server", KAFKA_VERSION),
-    (_K, "kafka-group-coordinator-api", KAFKA_VERSION), (_K, "kafka-group-coordinator", KAFKA_VERSION),
-    (_K, "kafka-transaction-coordinator", KAFKA_VERSION), (_K, "kafka-metadata", KAFKA_VERSION),
-    (_K, "kafka-storage-api", KAFKA_VERSION), (_K, "kafka-storage", KAFKA_VERSION),
-    (_K, "kafka-tools-api", KAFKA_VERSION), (_K, "kafka-raft", KAFKA_VERSION),
+    *((_K, f"kafka{a}", KAFKA_VERSION) for a in (
+        "_2.13", "-clients", "-server-common", "-server", "-group-coordinator-api", "-group-coordinator",
+        "-transaction-coordinator", "-metadata", "-storage-api", "-storage", "-tools-api", "-raft")),
     ("org.pcollections", "pcollections", "4.0.1"),
     ("com.github.ben-manes.caffeine", "caffeine", "2.9.3"),
     ("net.sourceforge.argparse4j", "argparse4j", "0.7.0"),

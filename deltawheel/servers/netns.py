@@ -4,6 +4,7 @@ a private view of the file system (``unshare --mount``) per isolated process; ne
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -152,11 +153,9 @@ class HostNetwork:
         """SIGKILL every process in ``host``'s namespace once; returns those it signalled."""
         killed = []
         for pid in self.pids(host):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
-            except ProcessLookupError:
-                pass
         return killed
 
     def down(self) -> int:

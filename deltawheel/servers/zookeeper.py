@@ -101,15 +101,10 @@ def four_letter_word(host: str, port: int, word: str = "ruok", *, timeout_s: flo
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
             sock.sendall(word.encode("ascii"))
-            chunks = []
-            while True:
-                data = sock.recv(4096)
-                if not data:
-                    break
-                chunks.append(data)
+            reply = b"".join(iter(lambda: sock.recv(4096), b""))  # until the server closes
     except OSError:
         return None
-    return b"".join(chunks).decode("utf-8", "replace")
+    return reply.decode("utf-8", "replace")
 
 
 def configured_port(data_dir: Path | str) -> int | None:
@@ -129,13 +124,8 @@ def default_port(data_dir: Path | str, host: str) -> int:
 
 
 class EmbeddedZooKeeper(Server):
-    """A local ZooKeeper server in its own detached process.
-
-    Args:
-        jars_dir: folder of jars for the classpath; default: pyspark's ``jars``.
-        quorum: every member of its ensemble, itself included; empty: standalone.
-        myid: this server's id among ``quorum`` (required with it).
-    """
+    """A local ZooKeeper server in its own detached process; ``jars_dir`` default pyspark's ``jars``,
+    ``quorum`` every member of its ensemble (itself included; empty: standalone), ``myid`` its id there."""
 
     def __init__(self, data_dir: Path | str, *, port: int = 2181, host: str = "127.0.0.1", jars_dir: Path | None = None,
                  quorum: Sequence[QuorumPeer] = (), myid: int | None = None, prefix: Sequence[str] = ()) -> None:

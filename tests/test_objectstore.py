@@ -191,3 +191,29 @@ def test_engines_of_one_application_share_the_log_stores_zookeeper_or_are_refuse
             assert setting(NAMESPACE_KEY) == f"{chroot[1:]}/delta-log"
         assert setting(NAMESPACE_KEY) == f"{chroot[1:]}/delta-log"  # the first engine is still open
     assert (setting(CONNECT_KEY), setting(NAMESPACE_KEY)) == before
+
+
+@pytest.mark.spark
+@pytest.mark.zk
+def test_a_command_run_in_process_leaves_the_sessions_log_store_settings_as_they_were(  # type: ignore[no-untyped-def]
+        spark, s3_store_layout, zk_server, capsys) -> None:
+    """``deltawheel.cli.main`` inside a process that goes on (a notebook, a test): a command on an
+    s3a:// store with another ``--zk-chroot`` points the session's log store there while it runs,
+    and puts the settings back after it, so the process's later commits keep their one arbiter
+    (the replay command left them behind: the next writer of a table in this process then won a
+    version another process also won)."""
+    from deltawheel.statestore.delta.jvm import jcontext
+    from deltawheel.statestore.objectstore.logstore import CONNECT_KEY, DIGEST_KEY, NAMESPACE_KEY
+
+    from deltawheel.cli import main
+
+    def settings() -> dict[str, str | None]:
+        conf = jcontext(spark).hadoopConfiguration()
+        return {k: conf.get(k) for k in (CONNECT_KEY, NAMESPACE_KEY, DIGEST_KEY)}
+
+    before = settings()
+    assert before[NAMESPACE_KEY] and before[CONNECT_KEY] == zk_server.hosts
+    other = f"/elsewhere-{uuid.uuid4().hex[:8]}"
+    assert main(["migrate", "--store", s3_store_layout.root, "--zk", zk_server.hosts, "--zk-chroot", other]) == 0
+    assert "migrat" in capsys.readouterr().out  # the plan was printed: the command ran on the store
+    assert settings() == before

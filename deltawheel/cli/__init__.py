@@ -67,6 +67,8 @@ def _stdout_closed() -> bool:  # poll reports POLLERR for a pipe whose reading e
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    from deltawheel.statestore.objectstore.logstore import log_store_restored
+
     from . import logs
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -78,7 +80,8 @@ def _main(argv: Sequence[str] | None) -> int:
     args.verbose = args.verbose or verbose
     logs.configure(args.verbose)
     try:
-        return int(args.func(args) or 0)
+        with log_store_restored():  # main() called inside a process that goes on
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print(f"deltawheel {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -4,17 +4,20 @@ ZooKeeper SUSPENDED / LOST: its Curator client retries; a commit without its ent
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..exceptions import ConfigError
 from ..jars import compile_jar
 from .s3a import set_hadoop
 
 __all__ = ["ZK_LOG_STORE_CLASS", "DIRECT_CHECKPOINT_MANAGER_CLASS", "ensure_zk_log_store_jar",
-           "ensure_checkpoint_manager_jar", "configure_log_store", "hold_log_store", "log_store_settings",
+           "ensure_checkpoint_manager_jar", "configure_log_store", "hold_log_store", "log_store_restored",
+           "log_store_settings",
            "CONNECT_KEY", "NAMESPACE_KEY", "DIGEST_KEY"]
 
 ZK_LOG_STORE_CLASS = "io.deltawheel.storage.ZkS3LogStore"
@@ -50,6 +53,27 @@ def configure_log_store(spark: Any, hosts: str, *, chroot: str = "/deltawheel", 
     """Point a running session's log store at ZooKeeper ``hosts`` (the same for all of a table's writers)."""
     # a digest set by an earlier call must not outlive it
     set_hadoop(spark, {DIGEST_KEY: None, **log_store_settings(hosts, chroot=chroot, digest=digest)})
+
+
+@contextlib.contextmanager
+def log_store_restored() -> Iterator[None]:
+    """The running session's log store settings as they were before the block, put back after it: a
+    command run inside a process that goes on (``deltawheel.cli.main``) must not leave that process's
+    commits to another arbiter. Without a session (pyspark not even imported) there is nothing to keep."""
+    sql = sys.modules.get("pyspark.sql")
+    spark = None if sql is None else sql.SparkSession.getActiveSession()
+    if sql is None or spark is None:
+        yield
+        return
+    from ..delta.jvm import jcontext
+
+    conf = jcontext(spark).hadoopConfiguration()
+    before = {k: conf.get(k) for k in (CONNECT_KEY, NAMESPACE_KEY, DIGEST_KEY)}
+    try:
+        yield
+    finally:
+        if sql.SparkSession.getActiveSession() is not None:  # not stopped by the block
+            set_hadoop(spark, before)
 
 
 @dataclass

@@ -51,15 +51,22 @@ while True:
 """
 
 
+JAVA_HINT = ("install a Java 17 (or newer) JDK -- e.g. `apt-get install openjdk-17-jdk-headless`, "
+             "`dnf install java-17-openjdk-devel` or `brew install openjdk@17` -- or set JAVA_HOME to one")
+
+
 def find_java(error: type[DeltaWheelError] = ZooKeeperServerError) -> str:
-    """Path of the ``java`` executable (``$JAVA_HOME/bin/java`` first, then ``PATH``); ``error``
-    (raised when there is none) is the type of the server needing it."""
+    """The ``java`` Spark and the servers start: ``$JAVA_HOME/bin/java`` when JAVA_HOME is set, else the
+    one on ``PATH``; ``error`` (raised when there is none) is the type of what needs it."""
     home = os.environ.get("JAVA_HOME")
-    if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
-        return os.path.join(home, "bin", "java")
+    if home:
+        java = os.path.join(home, "bin", "java")
+        if os.access(java, os.X_OK):
+            return java
+        raise error(f"java not found: JAVA_HOME is {home}, but {java} is not an executable: {JAVA_HINT}")
     found = shutil.which("java")
     if found is None:
-        raise error("java not found (looked in $JAVA_HOME/bin and PATH): install Java 17+ or set JAVA_HOME")
+        raise error(f"java not found: no `java` on PATH (and JAVA_HOME is not set); Spark runs on Java: {JAVA_HINT}")
     return found
 
 

@@ -257,10 +257,10 @@ def test_no_java_gives_a_typed_error_saying_what_to_install(tmp_path: Path) -> N
         for p in runs:
             p.kill()
     assert runs[0].returncode != 0
-    assert "deltawheel.statestore.exceptions.JavaMissingError: no `java` on PATH" in done_err
+    assert "deltawheel.statestore.exceptions.JavaMissingError: java not found: no `java` on PATH" in done_err
     assert "install a Java 17 (or newer) JDK" in done_err
     assert runs[1].returncode == 8  # environment (docs/operations.md, exit codes)
-    assert "deltawheel setup: JavaMissingError: no `java` on PATH" in cli_err
+    assert "deltawheel setup: JavaMissingError: java not found: no `java` on PATH" in cli_err
     assert f"JAVA_HOME is {tmp_path}, but {tmp_path}/bin/java is not an executable" in bad_home_err
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -95,8 +96,13 @@ def test_not_ready_in_time_kills_the_server(tmp_path: Path) -> None:
     assert not server.pid_file.exists()
 
 
-def test_missing_java_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("JAVA_HOME", raising=False)
+def test_missing_java_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    found = find_java()
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))  # a JAVA_HOME without java: not the one on PATH, as Spark
+    with pytest.raises(ZooKeeperServerError, match=f"JAVA_HOME is {tmp_path}, but"):
+        find_java()
+    monkeypatch.delenv("JAVA_HOME")
+    assert find_java() == shutil.which("java") and os.access(found, os.X_OK)
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(ZooKeeperServerError, match="java not found"):
         find_java()

@@ -80,10 +80,12 @@ def _pack_env(args: argparse.Namespace) -> int:
 
 
 def _setup(args: argparse.Namespace) -> int:
+    from deltawheel.statestore.exceptions import JavaMissingError
     from deltawheel.statestore.jars import default_jars_dir
-    from deltawheel.statestore.session.sparkenv import require_java, setup_jars
+    from deltawheel.statestore.process import find_java
+    from deltawheel.statestore.session.sparkenv import setup_jars
 
-    require_java()
+    find_java(JavaMissingError)
     jars = setup_jars(object_store=args.object_store)
     print(f"deltawheel: {len(jars)} jars ready (Delta Lake and the log stores in {default_jars_dir()})",
           file=sys.stderr)

@@ -62,7 +62,17 @@ def local_path(path: str) -> str | None:
     return None if ":" in head else path
 
 
-@functools.cache
+def _built_once(build: Callable[..., Any]) -> Callable[..., Any]:
+    """``build`` cached per arguments, under a lock: threads that miss at once share one object."""
+    cached, lock = functools.cache(build), threading.Lock()
+
+    def once(*args: Any) -> Any:
+        with lock:
+            return cached(*args)
+    return once
+
+
+@_built_once
 def _s3(settings: S3Settings) -> Any:
     from pyarrow import fs as pafs
 
@@ -228,7 +238,7 @@ _UPLOADS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("del
 UPLOAD_THREADS = 4
 
 
-@functools.cache
+@_built_once
 def _pool() -> Any:
     from concurrent.futures import ThreadPoolExecutor
 

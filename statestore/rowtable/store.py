@@ -48,11 +48,8 @@ _view_ids = itertools.count()
 
 @dataclass
 class StoreStats:
-    """Counters of storage traffic."""
+    """Counters of storage traffic: commits that landed, and Delta conflicts retried."""
 
-    key_lookups: int = 0
-    keys_read: int = 0
-    interval_scans: int = 0
     commits: int = 0
     conflicts: int = 0
 
@@ -111,8 +108,6 @@ class RowStore:
         from pyspark.sql import functions as F
 
         keys = sorted(set(keys))
-        self.stats.key_lookups += 1
-        self.stats.keys_read += len(keys)
         if not keys:
             return {}
         ivs = sorted({interval_of(k, num_intervals) for k in keys})
@@ -124,7 +119,6 @@ class RowStore:
         """Every user row of ``intervals`` (and the fence rows if ``include_fences``)."""
         from pyspark.sql import functions as F
 
-        self.stats.interval_scans += 1
         ivs = sorted(set(intervals))
         files = self._files()
         rows = None if files is None else interval_rows(files, computation, ivs)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 import sys
 import tempfile
 from contextlib import suppress
@@ -15,9 +14,10 @@ from typing import Any, Mapping
 from ..delta.jvm import require_classic_session
 from ..exceptions import JarFetchError, JavaMissingError, SessionConfigError, SparkConnectSessionError
 from ..jars import compile_jar, ensure_delta_jars
+from ..process import find_java
 
 __all__ = ["LOG_STORE_CLASS", "SparkSettings", "ensure_log_store_jar", "build_spark",
-           "require_java", "check_session", "missing_settings", "session_settings", "setup_jars"]
+           "check_session", "missing_settings", "session_settings", "setup_jars"]
 
 LOG_STORE_CLASS = "io.deltawheel.storage.ExclusiveLocalLogStore"
 _LOG_STORE_SOURCE = Path(__file__).parent / "ExclusiveLocalLogStore.java"
@@ -46,28 +46,6 @@ class SparkSettings:
 
 
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-JAVA_HINT = ("install a Java 17 (or newer) JDK -- e.g. `apt-get install openjdk-17-jdk-headless`, "
-             "`dnf install java-17-openjdk-devel` or `brew install openjdk@17` -- or set JAVA_HOME to one")
-
-
-def require_java() -> str:
-    """The ``java`` Spark will start (``$JAVA_HOME/bin/java``, else the one on ``PATH``).
-
-    Raises:
-        JavaMissingError: there is none (the message says what to install).
-    """
-    home = os.environ.get("JAVA_HOME")
-    if home:
-        java = os.path.join(home, "bin", "java")
-        if os.access(java, os.X_OK):
-            return java
-        raise JavaMissingError(f"JAVA_HOME is {home}, but {java} is not an executable: {JAVA_HINT}")
-    found = shutil.which("java")
-    if found is None:
-        raise JavaMissingError(f"no `java` on PATH (and JAVA_HOME is not set); Spark runs on Java: {JAVA_HINT}")
-    return found
-
-
 def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | None = None):  # type: ignore[no-untyped-def]
     """A new SparkSession with Delta Lake, or the running one with only ``settings.extra`` and the log level.
 
@@ -91,7 +69,7 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
             running.conf.set(k, v)
         running.sparkContext.setLogLevel(settings.log_level)
         return running
-    require_java()
+    find_java(JavaMissingError)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     jars = ensure_delta_jars(jars_dir)

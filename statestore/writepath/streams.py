@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from ..comments import STREAM as STREAM_COMMENTS
-from ..delta.create import create_local_table
+from ..delta.create import create_local_table, spark_type_json
 from ..delta.jvm import jcontext, jvm
 from ..delta.log import local_path, local_table_exists
 from ..delta.maintenance import COMMIT_CHECKPOINT_INTERVAL
@@ -44,9 +44,6 @@ def _commented_stream_ddl() -> str:
     return ", ".join(f"{c} COMMENT {sql_str(STREAM_COMMENTS[c.split()[0]])}" for c in cols)
 
 
-_SPARK_TYPES = {"STRING": "string", "BINARY": "binary", "BIGINT": "long", "TIMESTAMP": "timestamp", "INT": "integer"}
-
-
 def _stream_properties(name: str) -> dict[str, str]:
     return {"deltawheel.table": "stream", "deltawheel.stream": name,
             "deltawheel.format_version": str(STREAM_FORMAT_VERSION),
@@ -56,7 +53,7 @@ def _stream_properties(name: str) -> dict[str, str]:
 def _stream_schema_json() -> str:
     """The table's schema as Delta records it (``schemaString``), each column with its comment."""
     cols = [c.split() for c in stream_schema_ddl().split(",")]
-    fields = [{"name": col[0], "type": _SPARK_TYPES[col[1]], "nullable": col[2:] != ["NOT", "NULL"],
+    fields = [{"name": col[0], "type": spark_type_json(col[1]), "nullable": col[2:] != ["NOT", "NULL"],
                "metadata": {"comment": STREAM_COMMENTS[col[0]]}} for col in cols]
     return json.dumps({"type": "struct", "fields": fields}, separators=(",", ":"))
 

@@ -10,7 +10,15 @@ import select
 import sys
 from typing import Sequence
 
-from deltawheel.statestore.exceptions import EXIT_CODES, DeltaWheelError, DiskFullError, disk_full, exit_code
+from deltawheel.statestore.exceptions import (
+    EXIT_CODES,
+    DeltaWheelError,
+    DiskFullError,
+    LeaseLostError,
+    LeaseSuspendedError,
+    disk_full,
+    exit_code,
+)
 
 __all__ = ["main", "build_parser"]
 
@@ -85,14 +93,27 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         print(f"deltawheel {args.command}: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # a full disk under any write (Python's or the JVM's) is typed, exit 9
-        err = exc
-        if not isinstance(exc, DeltaWheelError):
-            if not disk_full(exc):
-                raise
-            cause = (str(exc).strip().splitlines() or [""])[0][:300]
-            err = DiskFullError(f"a write failed, the disk is full ({type(exc).__name__}: {cause}); free "
-                                "space and run the command again")
+    except Exception as exc:  # a full disk or a lost ZooKeeper connection anywhere is typed too
+        err = exc if isinstance(exc, DeltaWheelError) else _typed(exc)
+        if err is None:
+            raise
         print(f"deltawheel {args.command}: {type(err).__name__}: {err}", file=sys.stderr)
         return exit_code(err)
+
+
+def _typed(exc: Exception) -> DeltaWheelError | None:
+    """The typed error of a full disk (exit 9) or of ZooKeeper's session or connection lost (exit 4)
+    under any call, Python's or the JVM's; None: another error (a traceback)."""
+    from kazoo.exceptions import ConnectionLoss, SessionExpiredError
+
+    cause = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+    if disk_full(exc):
+        return DiskFullError(f"a write failed, the disk is full ({cause}); free space and run the command again")
+    if isinstance(exc, ConnectionLoss):
+        return LeaseSuspendedError(f"the connection to ZooKeeper was lost ({cause}); run the command again "
+                                   "once ZooKeeper serves")
+    if isinstance(exc, SessionExpiredError):  # ConnectionClosedError too: the session is gone for good
+        return LeaseLostError(f"the ZooKeeper session expired ({cause}): its leases are gone; run the command "
+                              "again (it takes them back)")
+    return None
 

@@ -51,13 +51,25 @@ class Sharing:
 
     def wanted(self, comp: Computation) -> tuple[set[int], set[int]]:
         """(the intervals the target gives this instance, those of them free to take now)."""
-        client = self.wiring.client
-        want = set(target(client, self.pipeline.name, comp.name, type(comp).num_intervals).get(self.instance, ()))
-        rows = [r for r in list_leases(client, pipeline=self.pipeline.name) if r["computation"] == comp.name]
+        want = self._target(comp)
+        with self._reading(comp):
+            rows = [r for r in list_leases(self.wiring.client, pipeline=self.pipeline.name)
+                    if r["computation"] == comp.name]
         holders = {r["interval"]: r for r in rows}
         free = {iv for iv in want if holders.get(iv) is None or holders[iv]["owner"] is None
                 or holders[iv].get("instance") == self.instance}  # its dead predecessor's: taken over at once
         return want, free
+
+    def _reading(self, comp: Computation) -> Any:
+        return zk_errors(f"{comp.name}: reading the intervals instance {self.instance} should hold",
+                         expired="its leases are lost; start the instance again (it takes them back under its name)",
+                         lost="ZooKeeper does not answer")
+
+    def _target(self, comp: Computation) -> set[int]:
+        """The intervals the target gives this instance (LeaseSuspendedError: ZooKeeper does not answer)."""
+        with self._reading(comp):
+            n = type(comp).num_intervals
+            return set(target(self.wiring.client, self.pipeline.name, comp.name, n).get(self.instance, ()))
 
     def start(self, comp: Computation, checkpoint: str, *, wait_s: float,
               caps: Mapping[str, int | None]) -> ComputationExecutor | None:
@@ -65,7 +77,14 @@ class Sharing:
         still held after :data:`LOOK_AGAIN_S` is looked at again, and after ``wait_s`` LeaseHeldError."""
         deadline = time.monotonic() + wait_s
         while True:
-            _, free = self.wanted(comp)
+            try:
+                _, free = self.wanted(comp)
+            except LeaseSuspendedError as exc:  # a ZooKeeper server gone: the client moves to another
+                if time.monotonic() >= deadline:
+                    raise
+                self.progress(f"{exc}; looking again")
+                time.sleep(1.0)
+                continue
             if not free:
                 self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
                 return None
@@ -95,23 +114,17 @@ class Sharing:
                   caps: Mapping[str, int | None]) -> tuple[ComputationExecutor | None, bool]:
         """Between micro-batches: (the executor to go on with, whether it changed); LeaseLostError when
         a lease of ``ex`` is lost (the run stops with it)."""
-        n = type(comp).num_intervals
+        held = set(ex.owner.intervals) if ex is not None else set()
         try:
             if ex is not None:  # a lost session first: its member znode is gone, the target would give nothing
                 for iv in ex.owner.intervals:
                     self.wiring.leases.check_valid(comp.name, iv)
-            with zk_errors(f"{comp.name}: reading the intervals instance {self.instance} should hold",
-                           expired="its leases are lost; start the instance again (it takes them back under its name)",
-                           lost="ZooKeeper does not answer"):
-                want = set(target(self.wiring.client, self.pipeline.name, comp.name, n).get(self.instance, ()))
+            want = self._target(comp)
+            if want == held:
+                return ex, False
+            new = (held & want) | ((self.wanted(comp)[1] - held) if want - held else set())
         except LeaseSuspendedError:
             return ex, False  # no look at the target while ZooKeeper does not serve: the batch's lease check waits
-        held = set(ex.owner.intervals) if ex is not None else set()
-        if want == held:
-            return ex, False
-        new = held & want
-        if want - held:
-            new |= self.wanted(comp)[1] - held
         if new == held:
             return ex, False  # what it lacks is still held by another instance: a later look
         return self.move(comp, ex, new, start=lambda ivs: self._executor(comp, checkpoint, ivs, wait_s=0.0,

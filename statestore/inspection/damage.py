@@ -83,19 +83,23 @@ def check_store(layout: StoreLayout) -> None:
     Raises:
         StoreDamagedError: see :func:`check_log`, or the rows table is behind a delivery.
     """
-    if not layout.is_local:
+    if not layout.is_local or check_log(layout.rows, table="rows") is None:
         return
-    rows = check_log(layout.rows, table="rows")
-    if rows is None:
-        return
+    # the streams are read before the rows: a delivery lands after its rows commit, so a commit and a
+    # delivery landing while the store is checked are both in the rows' later read, never only the stream's
+    delivered: dict[str, tuple[str, int]] = {}  # stream -> its newest delivery (app id, rows version)
     for stream in list_streams(None, layout):
         path = layout.stream(stream)
         if check_log(path, table=f"stream {stream!r}") is None:
             continue
         snap = read_snapshot(path)
-        ahead = {app: v for app, v in (snap.txns.items() if snap else ()) if app.startswith("deltawheel.") and v > rows}
-        if ahead:
-            app, v = max(ahead.items(), key=lambda kv: kv[1])
+        apps = [(app, v) for app, v in (snap.txns.items() if snap else ()) if app.startswith("deltawheel.")]
+        if apps:
+            delivered[stream] = max(apps, key=lambda kv: kv[1])
+    rows = check_log(layout.rows, table="rows")
+    rows = -1 if rows is None else rows  # its log gone meanwhile: every delivery is ahead of it
+    for stream, (app, v) in delivered.items():
+        if v > rows:
             raise StoreDamagedError(
                 f"the rows table ({layout.rows}) is behind what was delivered: stream {stream!r} records the "
                 f"productions of rows commit {v} (delivery {app}), but the rows table ends at version {rows} "

@@ -121,6 +121,9 @@ def test_two_instances_started_together_take_their_shares_without_waiting_for_ea
         return seen
 
     monkeypatch.setattr(sharing.Sharing, "wanted", b_comes_between)
+    # a's acquisition of b's share waits LOOK_AGAIN_S before a looks again: 1 s here instead of 10 s
+    # (the same refusal and second look; the assertion below is about its 120 s wait)
+    monkeypatch.setattr(sharing, "LOOK_AGAIN_S", 1.0)
     try:
         with deltawheel.connect(spark, store=str(store), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                                 pipeline="clicks", instance="a", wait_s=120) as engine:

@@ -151,6 +151,15 @@ def stream_rows(spark: Any, layout: Any, stream: str) -> list[tuple[Any, ...]]:
                   for r in df.collect())
 
 
+def store_sql(spark: Any, layout: Any, statement: str) -> list[Any]:
+    """``statement``'s rows over the store's views, defined as ``deltawheel sql`` defines them: only
+    the views the statement names (``register_views`` defines every view of the store)."""
+    from deltawheel.statestore.inspection.views import StoreViews
+
+    StoreViews(spark, layout).for_statement(statement)
+    return list(spark.sql(statement).collect())
+
+
 def state_of(spark: Any, layout: Any, computation: str) -> dict[str, Any]:
     from pyspark.sql import functions as F
 

@@ -94,7 +94,8 @@ BROKEN = {  # how a file that is not whole looks: the first half, all but its fo
     # slow: the MERGE write path's Spark jobs take minutes; [auto-half] covers the refusal on the default path
     pytest.param("merge", "noise", marks=pytest.mark.slow)])
 def test_a_file_that_cannot_be_read_is_refused_by_name_and_the_run_goes_on_once_it_is_whole(  # type: ignore[no-untyped-def]
-        spark, zk_config, tmp_path, capsys, write_path, broken) -> None:
+        spark, zk_config, tmp_path, capsys, write_path, broken, migrated_at) -> None:
+    migrated_at(tmp_path / "store")  # a migrated copy: connect migrating a new store runs in test_connect.py
     (tmp_path / "lines").mkdir()
     (tmp_path / "rows").mkdir()
     _drop(tmp_path / "lines" / "a.jsonl", b'{"user": "ann", "ts": 1}\n{"user": "ann", "ts": oops\n'

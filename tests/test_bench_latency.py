@@ -181,7 +181,8 @@ def test_the_figure_leaves_out_the_primer_records_written_before_the_schedule(tm
 @pytest.mark.zk
 @pytest.mark.timeout(600)
 def test_a_short_run_of_deltawheel_and_the_floor_is_exactly_once(spark, zk_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    st = LatencySettings(rate=100, seconds=4, engines=("deltawheel", "floor"), out=tmp_path / "out", warmup_s=1,
+    # 2 s of input at 100 records/s: a second past the warm-up, the checks need no more
+    st = LatencySettings(rate=100, seconds=2, engines=("deltawheel", "floor"), out=tmp_path / "out", warmup_s=1,
                          prewarm_s=0, progress_every_s=2, drain_timeout_s=120, zk=zk_server.hosts, keys=500)
     lines: list[str] = []
     report = run_latency(st, spark=spark, progress=lines.append)

@@ -92,9 +92,8 @@ def test_a_writer_taking_intervals_purges_the_vectors_it_finds(spark, migrated_s
     import pyarrow.parquet as pq
     from deltawheel.statestore.clock import ManualClock
     from deltawheel.statestore.delta.txn import decode_path
-    from deltawheel.statestore.inspection.sqlviews import register_views
     from deltawheel.statestore.writepath.image.files import is_ids_path
-    from executor_util import BucketCounter, events, start_executor, stop_executor
+    from executor_util import BucketCounter, events, start_executor, stop_executor, store_sql
 
     def run(writer: str, batches: range) -> None:
         ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image",
@@ -128,8 +127,7 @@ def test_a_writer_taking_intervals_purges_the_vectors_it_finds(spark, migrated_s
     files = state_files()
     assert files and all(len(fs) == 1 and not fs[0].get("deletionVector") for fs in files.values())
     assert not list(_vector_files(migrated_store))  # no file of the current version names a vector
-    register_views(spark, migrated_store)
-    got = {r["key"]: json.loads(r["state_json"]) for r in spark.sql("SELECT key, state_json FROM state").collect()}
+    got = {r["key"]: json.loads(r["state_json"]) for r in store_sql(spark, migrated_store, "SELECT key, state_json FROM state")}
     assert got["q0"] == {"0": 5} and got["q3"] == {"0": 2} and got["q4"] == {"0": 2} and got["q7"] == {"0": 1}
     assert "q9" not in got and len(got) == 23
 

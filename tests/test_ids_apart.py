@@ -137,8 +137,7 @@ def test_the_views_show_one_row_per_key_and_count_the_ids_apart(spark, migrated_
     """Through the executor and the SQL views, as a user sees the store: a retry after a restart is a
     duplicate, ``state`` shows one row per key with its ids counted, and the ids rows show nowhere."""
     from deltawheel.statestore.clock import ManualClock
-    from deltawheel.statestore.inspection.sqlviews import register_views
-    from executor_util import BucketCounter, events, start_executor, stop_executor
+    from executor_util import BucketCounter, events, start_executor, stop_executor, store_sql
 
     clock = ManualClock(1_700_000_000_000)
     ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", clock=clock)
@@ -157,10 +156,9 @@ def test_the_views_show_one_row_per_key_and_count_the_ids_apart(spark, migrated_
         assert (again.processed, again.duplicates) == (1, 1)
     finally:
         stop_executor(ex, client)
-    register_views(spark, migrated_store)
-    got = {r["key"]: r["n_record_ids"] for r in spark.sql("SELECT key, n_record_ids FROM state").collect()}
+    got = {r["key"]: r["n_record_ids"] for r in store_sql(spark, migrated_store, "SELECT key, n_record_ids FROM state")}
     assert got == {"cats": 3, "dogs": 4}
-    assert spark.sql("SELECT count(*) AS n FROM rows WHERE key NOT IN ('cats', 'dogs')").collect()[0]["n"] == 0
+    assert store_sql(spark, migrated_store, "SELECT count(*) AS n FROM rows WHERE key NOT IN ('cats', 'dogs')")[0]["n"] == 0
 
 
 @pytest.mark.parametrize("ordered", [True, False])

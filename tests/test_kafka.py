@@ -76,9 +76,7 @@ def payments_topic(spark: Any, broker: Any, topic: str) -> Any:
 @pytest.mark.zk
 def test_kafka_topic_through_the_executor(spark: Any, kafka_broker: Any, migrated_store: Any, zk_config: Any,
                                           tmp_path: Path) -> None:
-    from deltawheel.statestore.inspection.sqlviews import register_views
-
-    from tests.executor_util import ByRecordKey, start_executor, state_of, stop_executor
+    from tests.executor_util import ByRecordKey, start_executor, state_of, stop_executor, store_sql
 
     events = payments_topic(spark, kafka_broker, "payments")
     ex, client = start_executor(spark, migrated_store, zk_config, ByRecordKey(), watermarks=True)
@@ -96,9 +94,8 @@ def test_kafka_topic_through_the_executor(spark: Any, kafka_broker: Any, migrate
         stop_executor(ex, client)
     assert state_of(spark, migrated_store, "by_record_key") == {
         "c1": ({"0": 3}, [("0", 9_999)]), "c2": ({"0": 2}, [("0", 9_999)])}
-    register_views(spark, migrated_store)
     dead = sorted((r["source_position"], r["record_id"], bytes(r["raw_value"]).decode(), r["error"])
-                  for r in spark.sql("SELECT * FROM dead_letters").collect())
+                  for r in store_sql(spark, migrated_store, "SELECT * FROM dead_letters"))
     reason = "malformed input: the source could not parse it; raw_value holds the original text"
     assert dead == [("kafka=payments/0@2", "events/payments/0@2", "not json {", reason),
                     ("kafka=payments/1@1", "events/payments/1@1", '{"card": "c2", "amount": "lots", "ts": 2200}',

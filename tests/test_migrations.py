@@ -156,27 +156,35 @@ def test_key_row_round_trip_in_python(row: KeyRow) -> None:
 
 
 @pytest.fixture(scope="module")
-def shared_store(spark, tmp_path_factory):  # type: ignore[no-untyped-def]
-    layout = StoreLayout(str(tmp_path_factory.mktemp("roundtrip") / "store"))
-    migrations.apply(spark, layout, dry_run=False)
-    return layout
+def shared_store(migrated_template, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A migrated store (a copy of the template: applying the migrations is tested above)."""
+    from conftest import copy_migrated_store
+
+    root = tmp_path_factory.mktemp("roundtrip") / "store"
+    copy_migrated_store(migrated_template, root)
+    return StoreLayout(str(root))
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rows=st.lists(key_rows, min_size=1, max_size=5))
-def test_key_row_round_trip_through_the_migrated_delta_table(spark, shared_store, rows) -> None:  # type: ignore[no-untyped-def]
-    tag = uuid.uuid4().hex[:8]
-    rows = [r.with_(computation=f"{r.computation}_{tag}", key=f"{i}:{r.key}") for i, r in enumerate(rows)]
-    df = spark.createDataFrame([r.to_row() for r in rows], schema=rows_schema_ddl())
+# eight generated lists of rows to a Delta append (one Spark write and read per example)
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lists=st.lists(st.lists(key_rows, min_size=1, max_size=5), min_size=8, max_size=8))
+def test_key_row_round_trip_through_the_migrated_delta_table(spark, shared_store, lists) -> None:  # type: ignore[no-untyped-def]
+    tags = [uuid.uuid4().hex[:8] for _ in lists]
+    sent = {tag: [r.with_(computation=f"{r.computation}_{tag}", key=f"{i}:{r.key}") for i, r in enumerate(rows)]
+            for tag, rows in zip(tags, lists, strict=True)}
+    df = spark.createDataFrame([r.to_row() for rows in sent.values() for r in rows], schema=rows_schema_ddl())
     df.write.format("delta").mode("append").save(shared_store.rows)
-    back = (spark.read.format("delta").load(shared_store.rows)
-            .where(f"computation LIKE '%\\_{tag}'").collect())
-    assert sorted((KeyRow.from_row(r) for r in back), key=lambda r: r.key) == \
-        sorted(rows, key=lambda r: r.key)
+    back: dict[str, list[KeyRow]] = {tag: [] for tag in tags}
+    for r in (spark.read.format("delta").load(shared_store.rows)
+              .where(" OR ".join(f"computation LIKE '%\\_{tag}'" for tag in tags)).collect()):
+        back[r["computation"].rsplit("_", 1)[1]].append(KeyRow.from_row(r))
+    for tag, rows in sent.items():
+        assert sorted(back[tag], key=lambda r: r.key) == sorted(rows, key=lambda r: r.key)
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rows=st.lists(key_rows, min_size=1, max_size=4))
+# a table of up to sixteen generated rows per example (made, then migrated twice: the Spark jobs)
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(key_rows, min_size=1, max_size=16))
 def test_rows_written_before_the_timer_seq_migration_read_back_with_a_zero_counter(spark, tmp_path_factory,
                                                                                   rows) -> None:  # type: ignore[no-untyped-def]
     """Migration 4 adds ``timer_seq`` to a rows table of format 1 (its rows read back with counter

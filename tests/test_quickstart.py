@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import free_port
@@ -36,8 +37,11 @@ def done(proc: subprocess.Popen[str], timeout: float = 900) -> subprocess.Comple
 
 
 @pytest.mark.timeout(1800)
-def test_quickstart_then_sql_with_embedded_zookeeper(tmp_path: Path) -> None:
+def test_quickstart_then_sql_with_embedded_zookeeper(tmp_path: Path, migrated_at: Any) -> None:
+    # a migrated copy: the quickstart does not migrate it first (a new store migrated on first use: the
+    # README's continuous example in test_continuous.py, test_runner_start.py's new store)
     store, port = tmp_path / "store", free_port()
+    migrated_at(store)
     zk = f"127.0.0.1:{port}"
     q = dw("quickstart", "--store", str(store), "--zk", zk)
     assert q.returncode == 0, q.stdout + q.stderr

@@ -20,7 +20,6 @@ from deltawheel.executor.protocol.rescale import CATCH_UP_BATCH
 from deltawheel.executor.sources.parquet import ParquetInjector
 from deltawheel.gc.inputsets import prune_input_sets
 from deltawheel.statestore.exceptions import InputGoneError
-from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import interval_of
 from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.zk.client import connect
@@ -42,9 +41,10 @@ def name(n: int) -> str:
 class Moves:
     """The input folder, the store and its instances (one runner per call)."""
 
-    def __init__(self, spark: Any, zk_config: Any, tmp_path: Path, write_path: str = "image") -> None:
+    def __init__(self, spark: Any, zk_config: Any, tmp_path: Path, migrated_at: Any, write_path: str = "image") -> None:
         self.spark, self.zk_config, self.write_path = spark, zk_config, write_path
-        self.folder, self.layout = tmp_path / "in", StoreLayout(str(tmp_path / "store"))
+        # a migrated copy (conftest's migrated_at): connect migrating a new store runs in test_connect.py
+        self.folder, self.layout = tmp_path / "in", migrated_at(tmp_path / "store")
         self.expected: dict[str, int] = {}
         self.files: dict[int, dict[str, int]] = {}  # per input file, its records per key
         self.per_trigger = 4  # files per micro-batch
@@ -85,8 +85,8 @@ class Moves:
 
 @pytest.mark.timeout(600)
 def test_gc_drops_the_names_of_deleted_files_and_a_restart_does_not_catch_up_on_them(
-        spark: Any, zk_config: Any, tmp_path: Path) -> None:
-    m = Moves(spark, zk_config, tmp_path)
+        spark: Any, zk_config: Any, tmp_path: Path, migrated_at: Any) -> None:
+    m = Moves(spark, zk_config, tmp_path, migrated_at)
     for n in range(2):
         m.add(n)
     m.run("a", None)
@@ -108,10 +108,10 @@ def test_gc_drops_the_names_of_deleted_files_and_a_restart_does_not_catch_up_on_
 
 @pytest.mark.timeout(600)
 def test_gc_drops_a_deleted_file_that_held_records_of_one_interval_only(
-        spark: Any, zk_config: Any, tmp_path: Path) -> None:
+        spark: Any, zk_config: Any, tmp_path: Path, migrated_at: Any) -> None:
     """The image path rewrites, and so records a batch's files in, only the intervals with records;
     the batch's commit names every interval it held, and gc counts those as having run the file."""
-    m = Moves(spark, zk_config, tmp_path)
+    m = Moves(spark, zk_config, tmp_path, migrated_at)
     m.per_trigger = 1  # one file per batch
     only0 = [k for k in KEYS if interval_of(k, 4) == 0]
     m.add(0)
@@ -143,8 +143,8 @@ def test_gc_drops_a_deleted_file_that_held_records_of_one_interval_only(
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("write_path", ["image", "merge"])
 def test_gc_drops_the_names_every_interval_ran_and_a_later_move_stays_exact(
-        spark: Any, zk_config: Any, tmp_path: Path, write_path: str) -> None:
-    m = Moves(spark, zk_config, tmp_path, write_path)
+        spark: Any, zk_config: Any, tmp_path: Path, write_path: str, migrated_at: Any) -> None:
+    m = Moves(spark, zk_config, tmp_path, migrated_at, write_path)
     for n in range(3):
         m.add(n)
     m.run("a", [0, 1])
@@ -179,8 +179,9 @@ def test_gc_drops_the_names_every_interval_ran_and_a_later_move_stays_exact(
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_file_deleted_before_every_interval_ran_it(spark: Any, zk_config: Any, tmp_path: Path) -> None:
-    m = Moves(spark, zk_config, tmp_path)
+def test_a_file_deleted_before_every_interval_ran_it(spark: Any, zk_config: Any, tmp_path: Path,
+                                                     migrated_at: Any) -> None:
+    m = Moves(spark, zk_config, tmp_path, migrated_at)
     m.per_trigger = 1  # one file per batch
     m.add(0)
     m.run("a", [0, 1])
@@ -216,8 +217,9 @@ def test_a_file_deleted_before_every_interval_ran_it(spark: Any, zk_config: Any,
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_deltawheel_gc_reports_the_input_sets_pass(spark: Any, zk_config: Any, tmp_path: Path, capsys: Any) -> None:
-    m = Moves(spark, zk_config, tmp_path)
+def test_deltawheel_gc_reports_the_input_sets_pass(spark: Any, zk_config: Any, tmp_path: Path, capsys: Any,
+                                                   migrated_at: Any) -> None:
+    m = Moves(spark, zk_config, tmp_path, migrated_at)
     for n in range(2):
         m.add(n)
     m.run("a", [0, 1])

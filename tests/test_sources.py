@@ -432,10 +432,8 @@ def test_bad_json_source_configuration(spark: Any, tmp_path: Path) -> None:
 def test_json_lines_through_the_executor_dead_letters_say_malformed(
         spark: Any, tmp_path: Path, migrated_store: Any, zk_config: Any) -> None:
     # as a user would: the public names, a computation keyed by a field, the dead_letters view
-    from deltawheel.statestore.inspection.sqlviews import register_views
-
     import deltawheel
-    from tests.executor_util import ByRecordKey, start_executor, state_of, stop_executor
+    from tests.executor_util import ByRecordKey, start_executor, state_of, stop_executor, store_sql
 
     write_json_lines(tmp_path / "in")
     events = deltawheel.JsonLinesInjector("events", str(tmp_path / "in"),
@@ -453,9 +451,8 @@ def test_json_lines_through_the_executor_dead_letters_say_malformed(
     for r in ex.reports:
         steps = [k for k, _ in r.steps_s]
         assert steps.index("load_and_user_code") + 1 == steps.index("dead_and_late") == steps.index("settle") - 1
-    register_views(spark, migrated_store)
-    dead = {r["source_position"]: (r["raw_value"].decode(), r["error"], r["key"]) for r in spark.sql(
-        "SELECT source_position, raw_value, error, key FROM dead_letters").collect()}
+    dead = {r["source_position"]: (r["raw_value"].decode(), r["error"], r["key"]) for r in store_sql(
+        spark, migrated_store, "SELECT source_position, raw_value, error, key FROM dead_letters")}
     malformed = "malformed input: the source could not parse it; raw_value holds the original text"
     assert dead == {
         "file=a.jsonl#line=3": ('{"card": "c1", "amount": oops', malformed, ""),

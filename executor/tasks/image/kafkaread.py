@@ -153,7 +153,9 @@ def _read(read: KafkaRead, ranges: Sequence[tuple[int, int, int]], timeout_s: fl
             if time.monotonic() > deadline:
                 raise KafkaException(f"topic {read.topic}: the batch's offset ranges {sorted(want.items())} were "
                                      f"not read within {timeout_s:.0f} s (read up to {nxt})")
-            for m in c.consume(10_000, timeout=0.5):
+            # consume() waits for as many messages as asked: ask for those still due (a gap: the next call)
+            due = sum(max(0, hi - nxt[p]) for p, (_lo, hi) in want.items())
+            for m in c.consume(max(1, min(due, 10_000)), timeout=0.5):
                 err, p = m.error(), m.partition()
                 if p not in want:
                     continue

@@ -217,6 +217,7 @@ class DeltaWheelLatencyEngine:
         settings = _settings(
             self.zk, intervals=intervals, inj=inj, executor=run.executors[names[0]],
             runner="engine.start_pipeline (ContinuousRun: every stage live)",
+            **({"kafka_direct_read": str(self.kafka_direct)} if isinstance(source, KafkaInput) else {}),
             operator="stage 1: Computation.process_record: state += 1, produce(count) per record; "
                      "stages 2..n: produce the record's count on (no state)",
             output="each stage's stream table, one delivery commit per batch after the rows commit; "

@@ -22,6 +22,7 @@ from ..job import BatchCounts, BatchRun, Prepared, task_failure
 from ..worker import one_worker_pool
 from .direct import DirectBatch, DirectSource, batch_files
 from .kafkaread import (
+    MAX_DIRECT_RECORDS,
     KafkaRead,
     Uncertain,
     batch_ranges,
@@ -139,7 +140,7 @@ class ImageTasks:
             KafkaDataLossError: records of the batch are gone and the injector fails on data loss.
         """
         ranges = batch_ranges(read, batch_id)
-        if ranges is None:
+        if ranges is None or sum(hi - lo for _p, lo, hi in ranges) > MAX_DIRECT_RECORDS:
             return None
         try:  # read once here: the per-partition statistics, and a record the tasks cannot prepare exactly
             prep = prepare_records(read, direct.stream, read_ranges(read, ranges))

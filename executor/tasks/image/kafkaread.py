@@ -20,7 +20,7 @@ from ...exceptions import KafkaDataLossError
 from ..input import MALFORMED_CODEC, MAX_EVENT_MS, MIN_EVENT_MS
 
 __all__ = ["KafkaRead", "KafkaRecords", "KafkaRows", "read_ranges", "prepare_records", "batch_ranges",
-           "FIELD_TYPES", "record_texts", "Uncertain", "partition_maxima"]
+           "FIELD_TYPES", "MAX_DIRECT_RECORDS", "record_texts", "Uncertain", "partition_maxima"]
 
 #: The JSON schema's field types the direct read parses (Spark DDL names, as ``simpleString``)
 FIELD_TYPES = ("string", "boolean", "int", "bigint", "double")
@@ -28,6 +28,9 @@ _INT_RANGE = {"int": (-2**31, 2**31 - 1), "bigint": (-2**63, 2**63 - 1)}
 _DOUBLE_TEXTS = {"NaN": math.nan, "+INF": math.inf, "+Infinity": math.inf, "Infinity": math.inf,
                  "-INF": -math.inf, "-Infinity": -math.inf}
 READ_TIMEOUT_S = 60.0
+#: A Kafka batch of more records (a catch-up without ``maxOffsetsPerTrigger``) goes through the JVM: the driver
+#: and every task would hold all of it in memory
+MAX_DIRECT_RECORDS = 1_000_000
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -57,6 +57,8 @@ __all__ = ["ENGINES", "LatencySettings", "LatencyBenchError", "run_latency", "ru
 
 ENGINES: dict[str, Callable[[LatencySettings], LatencyEngine]] = {
     "deltawheel": lambda st: DeltaWheelLatencyEngine(zk=st.zk),
+    # the same with Spark's Kafka source on the record path (KafkaInjector(direct_read=False)); from files: the same
+    "deltawheel_jvm": lambda st: DeltaWheelLatencyEngine(zk=st.zk, kafka_direct=False, name="deltawheel_jvm"),
     "spark_tws": lambda _st: SparkEngine(name="spark_tws", query=spark_tws_query),
     "spark_sql": lambda _st: SparkEngine(name="spark_sql", query=spark_sql_query, kind="key_counts",
                                          ddl=SQL_OUTPUT_DDL),

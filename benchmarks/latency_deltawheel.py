@@ -160,8 +160,10 @@ class DeltaWheelLatencyEngine:
     name = "deltawheel"
     stages: tuple[int, ...] = (1, 3)
 
-    def __init__(self, *, zk: str | None = None) -> None:
+    def __init__(self, *, zk: str | None = None, kafka_direct: bool = True, name: str = "deltawheel") -> None:
         self.zk = zk  # host:port[,host:port]; None: the store's embedded ZooKeeper
+        self.kafka_direct = kafka_direct  # the tasks read a Kafka batch's offset ranges (else the JVM reads)
+        self.name = name
 
     def start(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
         """Connect a fresh store under ``work_dir`` and start the computation's query."""
@@ -198,7 +200,7 @@ class DeltaWheelLatencyEngine:
         if isinstance(source, KafkaInput):
             inj = KafkaInjector("events", bootstrap_servers=source.bootstrap_servers, topic=source.topic,
                                 schema=source.schema_ddl, key_column="key", event_time_column="event_time",
-                                value_columns=["record_id"], watermark_delay_ms=1_000)
+                                value_columns=["record_id"], watermark_delay_ms=1_000, direct_read=self.kafka_direct)
             bases[0] = KafkaRunningCount
         else:
             inj = _file_injector(source)
@@ -215,6 +217,7 @@ class DeltaWheelLatencyEngine:
         settings = _settings(
             self.zk, intervals=intervals, inj=inj, executor=run.executors[names[0]],
             runner="engine.start_pipeline (ContinuousRun: every stage live)",
+            **({"kafka_direct_read": str(self.kafka_direct)} if isinstance(source, KafkaInput) else {}),
             operator="stage 1: Computation.process_record: state += 1, produce(count) per record; "
                      "stages 2..n: produce the record's count on (no state)",
             output="each stage's stream table, one delivery commit per batch after the rows commit; "

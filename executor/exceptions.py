@@ -19,7 +19,7 @@ from deltawheel.statestore.exceptions import (  # the local servers' errors, re-
 
 __all__ = ["DeltaWheelError", "BatchFailedError", "ClusterError", "HostsUnavailableError", "InputFileError",
            "InputSchemaError", "KafkaServerError", "UnknownHostError", "UserCodeError", "WindowingError",
-           "StateUpgradeError"]
+           "StateUpgradeError", "KafkaDataLossError"]
 
 
 class BatchFailedError(RetryableError):
@@ -95,6 +95,17 @@ class InputFileError(ConfigError):
     def from_task(text: str) -> str | None:
         """The message of an InputFileError a Spark task raised, found in its failure text (None: none)."""
         m = re.search(r"InputFileError: (input file [^\n]*)", text)
+        return None if m is None else m.group(1)
+
+
+class KafkaDataLossError(ConfigError):
+    """Records of a Kafka batch's offset range are no longer in the topic (retention or a recreated topic),
+    with the injector's ``failOnDataLoss`` on (Spark's default). :meth:`from_task` finds it in a task's text."""
+
+    @staticmethod
+    def from_task(text: str) -> str | None:
+        """The message of a KafkaDataLossError a Spark task raised, found in its failure text (None: none)."""
+        m = re.search(r"KafkaDataLossError: (topic [^\n]*)", text)
         return None if m is None else m.group(1)
 
 

@@ -237,9 +237,10 @@ def test_a_kafka_topic_through_a_continuous_pipeline_is_exactly_once_across_a_re
 @pytest.mark.timeout(1200)
 def test_deltawheel_run_on_kafka_killed_resumes_exactly_once(spark: Any, kafka_broker: Any, zk_config: Any,
                                                              tmp_path: Path) -> None:
-    """``deltawheel run`` of a Kafka pipeline in a child process, SIGKILLed after its first batch;
-    messages appended while it is down and after the same command started again: every message has
-    exactly one output with its running count, and SIGTERM stops it with status 0."""
+    """``deltawheel run`` of a Kafka pipeline in a child process, its tasks reading the offset ranges
+    (the direct read), SIGKILLed after its first batch; messages appended while it is down and after
+    the same command started again: every message has exactly one output with its running count,
+    and SIGTERM stops it with status 0."""
     from kafka_pipeline import card_counts, card_messages, want_counts
     from test_continuous import Child, wait_for
 
@@ -255,7 +256,9 @@ def test_deltawheel_run_on_kafka_killed_resumes_exactly_once(spark: Any, kafka_b
     cmd = [sys.executable, "-m", "deltawheel.cli", "run", "kafka_pipeline:pipeline", "--store", str(store),
            "--zk", zk_config.hosts, "--zk-chroot", zk_config.chroot, "--zk-session-timeout", "6"]
     first = Child(cmd, env)
-    wait_for("the first run's first batch", lambda: first.saw(r"card_count batch 0: "), timeout_s=600)
+    # the tasks read the batch's offset ranges themselves (the direct read, KafkaInjector's default)
+    wait_for("the first run's first batch", lambda: first.saw(r"card_count batch 0: .*\(offset ranges read by the "
+                                                                r"tasks\)"), timeout_s=600)
     os.killpg(first.proc.pid, signal.SIGKILL)
     first.proc.wait(timeout=60)
     produce(spark, servers, "killed-cards", card_messages(20, 30, lag_ms=1_000))  # while nothing runs

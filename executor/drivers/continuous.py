@@ -289,7 +289,7 @@ class ContinuousRun:
                     assert ex is not None
                     ex.wait_started()
                     ex.next_batch_inputs(stage.inputs(caps, "from_commit"))
-                    stats = inp.partition_stats(df)
+                    stats = inp.partition_stats(df, ex)
                     before = ex.records_in_total
                     ex(df, batch_id)
                     stage.acted_caps = caps
@@ -300,7 +300,7 @@ class ContinuousRun:
                     if self.background_gc is not None:  # starts a due run in its thread; never waits for one
                         self.background_gc.batch_done()
                     for inj, st in stats:
-                        inj.observe(st)
+                        inj.observe(st())
                         publish_watermark(authority, inj)
                     if not self._stopping.is_set():  # a tool's request, at this boundary (a tick may never
                         self._hand_over(stage)  # find the lock free between batches that follow each other)

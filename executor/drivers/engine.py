@@ -25,7 +25,7 @@ from ..protocol.host import BatchInputs
 from ..protocol.reports import BatchReport
 from ..sources.injector import Injector, publish_watermark
 from .continuous import ContinuousRun
-from .inputs import StageInput, event_bounds, query_of
+from .inputs import StageInput, event_bounds, query_of, with_offset_log
 from .pipeline import Pipeline, RunSummary
 from .runner import PipelineRunner
 from .triggers import Trigger
@@ -154,9 +154,9 @@ class Engine:
         ups = _listed(upstream)
         df, ups = (source.stream_df(self.spark), [source, *ups]) if isinstance(source, Injector) else (source, ups)
         ex = self.executor(computation, upstream=ups, checkpoint=chk, **options)
-        direct = getattr(source, "direct_source", None)  # the tasks read a Parquet injector's files themselves
+        direct = getattr(source, "direct_source", None)  # the tasks read an injector's files or ranges themselves
         if callable(direct) and list(computation.inputs.values()) == [RECORD_KEY]:
-            ex.next_batch_inputs(BatchInputs(direct_source=direct()))
+            ex.next_batch_inputs(BatchInputs(direct_source=with_offset_log(direct(), chk)))
         failed: list[DeltaWheelError] = []
 
         def batch(frame: Any, batch_id: int) -> None:

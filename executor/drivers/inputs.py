@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from deltawheel.statestore.delta.storefs import local_path
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import ensure_stream_table
 
@@ -15,7 +17,7 @@ from ..sources.schema import union_inputs
 from ..tasks.image.direct import DirectSource, table_source
 from .querystart import clear_unstarted
 
-__all__ = ["StageInput", "direct_source", "event_bounds", "query_of", "stage_input", "upstream_caps"]
+__all__ = ["StageInput", "direct_source", "event_bounds", "query_of", "stage_input", "upstream_caps", "with_offset_log"]
 
 
 @dataclass(frozen=True)
@@ -25,11 +27,18 @@ class StageInput:
     df: Any
     per_partition: tuple[Any, ...]
 
-    def partition_stats(self, batch_df: Any) -> list[tuple[Any, Any]]:
-        """(injector, its statistics of ``batch_df``) for each per-partition injector."""
+    def partition_stats(self, batch_df: Any, executor: Any) -> list[tuple[Any, Callable[[], Any]]]:
+        """(injector, its statistics of ``batch_df``, to call after ``executor`` ran the batch) for each
+        per-partition injector: those of a direct read when its tasks read the batch, else one Spark job."""
         from pyspark.sql import functions as F
 
-        return [(inj, inj.stats_of(batch_df.where(F.col("stream") == inj.name))) for inj in self.per_partition]
+        def stats(inj: Any) -> Callable[[], Any]:
+            def get() -> Any:
+                known = getattr(getattr(executor, "job", None), "kafka_stats", {}).get(inj.name)
+                return known if known is not None else inj.stats_of(batch_df.where(F.col("stream") == inj.name))
+            return get
+
+        return [(inj, stats(inj)) for inj in self.per_partition]
 
     def writer(self, batch: Callable[[Any, int], None], *, checkpoint: str, name: str) -> Any:
         """The query's writer: ``batch`` per micro-batch, on ``checkpoint`` (an unfinished first write cleared)."""
@@ -74,10 +83,11 @@ def event_bounds(comp: Computation, injectors: Mapping[str, Any]) -> dict[str, i
 
 
 def direct_source(comp: Computation, injectors: Mapping[str, Any], *, layout: StoreLayout,
-                  checkpoint: str | None) -> DirectSource | None:
+                  checkpoint: str | None, kafka_checkpoint: str | None = None) -> DirectSource | None:
     """For one input read by the record's key: the files the image tasks may read themselves, its
     injector's ``direct_source()`` (as of its last ``stream_df``), or with ``checkpoint`` (the
-    query's) an upstream computation's stream table; None: the JVM reads the input."""
+    query's) an upstream computation's stream table; None: the JVM reads the input. A Kafka
+    injector's ranges come from the offset log of ``kafka_checkpoint`` (else ``checkpoint``): a local one."""
     if list(comp.inputs.values()) != [RECORD_KEY]:
         return None
     stream = next(iter(comp.inputs))
@@ -85,7 +95,18 @@ def direct_source(comp: Computation, injectors: Mapping[str, Any], *, layout: St
         return None if checkpoint is None else table_source(stream, layout.stream(stream), checkpoint=checkpoint)
     direct = getattr(injectors[stream], "direct_source", None)
     source: DirectSource | None = direct() if callable(direct) else None
-    return source
+    return with_offset_log(source, checkpoint if kafka_checkpoint is None else kafka_checkpoint)
+
+
+def with_offset_log(source: DirectSource | None, checkpoint: str | None) -> DirectSource | None:
+    """``source``, a Kafka injector's with the offset log of ``checkpoint`` (its query's) to take its ranges
+    from; None: a Kafka source without a local checkpoint (the JVM path)."""
+    if source is None or source.kafka is None:
+        return source
+    local = None if checkpoint is None else local_path(checkpoint)
+    if local is None:
+        return None
+    return dataclasses.replace(source, kafka=dataclasses.replace(source.kafka, checkpoint=local))
 
 
 def upstream_caps(authority: Any, upstream: Iterable[str]) -> dict[str, int | None]:

@@ -268,10 +268,10 @@ class PipelineRunner:
         inp = stage_input(self.spark, self.layout, comp, injectors, shared=self.instance is not None)
         # after its stream_df; shared intervals: the skip rule filters the frame, the tasks must not read the files
         direct = self.direct_read and ex.shared is None
-        ex.next_batch_inputs(BatchInputs(upstream_caps=caps, direct_source=direct_source(
-            comp, injectors, layout=self.layout, checkpoint=None) if direct else None))
-        before = ex.records_in_total
         chk, name = query_of(self.layout, self.pipeline.name, comp.name, self.instance)
+        ex.next_batch_inputs(BatchInputs(upstream_caps=caps, direct_source=direct_source(
+            comp, injectors, layout=self.layout, checkpoint=None, kafka_checkpoint=chk) if direct else None))
+        before = ex.records_in_total
         tokens = self._input_tokens(comp)  # after the frames: building one may create its files
         self._read_upto.pop(comp.name, None)
         failed: list[BaseException] = []
@@ -283,10 +283,10 @@ class PipelineRunner:
                 failed.append(exc)
                 raise
             try:
-                stats = inp.partition_stats(df)
+                stats = inp.partition_stats(df, ex)
                 ex(df, batch_id)
                 for inj, st in stats:
-                    inj.observe(st)
+                    inj.observe(st())
                     if ex.authority is not None:
                         publish_watermark(ex.authority, inj, instance=self.instance,
                                           held=None if self.instance is None else {comp.name: ex.owner.sequencers})

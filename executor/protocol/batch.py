@@ -323,7 +323,8 @@ class BatchProtocol:
             **{**dataclasses.asdict(c), "late": c.late + b.late_routed}, batch_id=b.batch_id,
             late_routed=b.late_routed, input_watermark_ms=b.wm_in, low_watermark_ms=low, commit_s=b.commit_s,
             wall_s=time.monotonic() - b.started, steps_s=tuple(b.steps_s), straggled=b.straggler is not None,
-            direct=b.prepared.direct is not None, skipped_moved=b.skipped, timers_only=b.df is None)
+            direct=b.prepared.direct is not None,
+            direct_ranges=b.prepared.direct is not None and b.prepared.direct.source.kafka is not None, skipped_moved=b.skipped, timers_only=b.df is None)
         ex.reports.append(report)
         ex.records_in_total += report.records_in
         if report.direct:  # the batch's DataFrame never ran: Spark's progress would show 0 input rows

@@ -31,6 +31,7 @@ class BatchReport:
     steps_s: tuple[tuple[str, float], ...] = ()  # seconds per protocol step, in order
     straggled: bool = False  # weak delivery outlived straggler_timeout_s: productions checkpointed
     direct: bool = False  # the tasks read the input files themselves (executor/tasks/image/direct.py)
+    direct_ranges: bool = False  # ... a Kafka batch's offset ranges (executor/tasks/image/kafkaread.py)
     ids_expired: int = 0  # record ids dropped from the rows: seen before the dedup horizon
     keys_expired: int = 0  # keys the state TTL dropped (state, timers and record ids)
     bloom_checked: int = 0  # image path: the dedup Bloom filters' first check
@@ -108,7 +109,9 @@ def format_report(name: str, r: BatchReport, *, now_ms: int | None = None) -> st
     what = f"{name} timers (no input)" if r.timers_only else f"{name} batch {r.batch_id}"
     return (f"{what}: {r.records_in} in, {r.processed} processed, {r.duplicates} dup, "
             f"{r.late} late, {r.dead_letters} dead, {r.timers_fired} timers, {r.productions} produced"
-            + (" (straggler: checkpointed)" if r.straggled else "") + (" (files read by the tasks)" if r.direct else "")
+            + (" (straggler: checkpointed)" if r.straggled else "") + (
+                (" (offset ranges read by the tasks)" if r.direct_ranges else " (files read by the tasks)")
+                if r.direct else "")
             + (f"; {r.ids_expired} ids expired" if r.ids_expired else "")
             + (f"; {r.keys_expired} keys expired (state TTL)" if r.keys_expired else "")
             + (f"; {r.skipped_moved} skipped (processed by an earlier owner)" if r.skipped_moved else "")

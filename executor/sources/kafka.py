@@ -13,6 +13,8 @@ from deltawheel.statestore.clock import Clock, SystemClock
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
 
+from ..tasks.image.direct import DirectSource
+from ..tasks.image.kafkaread import FIELD_TYPES, KafkaRead
 from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS, MAX_EVENT_MS, MIN_EVENT_MS
 from .injector import BatchStats, DataFrame, SparkSession, _check_common, _Estimating, publish_watermark
 from .jsonl import CORRUPT_RECORD, event_time_of, json_schema, parse_json
@@ -90,6 +92,31 @@ class PerPartitionWatermark:
         return self._last
 
 
+#: Spark Kafka source options the direct read honours as they are (they shape Spark's offsets, not the records)
+_SPARK_OPTIONS = frozenset({"failOnDataLoss", "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
+                            "minPartitions", "startingOffsets", "startingTimestamp", "startingOffsetsByTimestamp",
+                            "startingOffsetsByTimestampStrategy", "kafkaConsumer.pollTimeoutMs",
+                            "fetchOffset.numRetries", "fetchOffset.retryIntervalMs"})
+#: ``kafka.*`` consumer settings the direct read passes on to librdkafka (same names, same meaning)
+_CLIENT_SETTINGS = frozenset({"client.id", "isolation.level"})
+
+
+def _librdkafka_config(options: Mapping[str, str]) -> tuple[tuple[str, str], ...] | None:
+    """The injector's options as librdkafka settings; None: one the direct read cannot honour (the JVM path)."""
+    out = []
+    for k, v in sorted(options.items()):
+        if k.startswith("kafka."):
+            name = k[len("kafka."):]
+            if name == "security.protocol" and str(v).upper() == "PLAINTEXT":
+                continue
+            if name not in _CLIENT_SETTINGS:
+                return None
+            out.append((name, str(v)))
+        elif k not in _SPARK_OPTIONS:
+            return None
+    return tuple(out)
+
+
 def partition_stats(batch_df: DataFrame, *, now_ms: int, max_event_ahead_ms: int | None) -> BatchStats:
     """A Kafka batch's stats with the max event time per ``topic/partition``, in one aggregation.
 
@@ -118,7 +145,9 @@ class KafkaInjector(_Estimating):
     ``{name}/{topic}/{partition}@{offset}``, ``commit_id`` ``kafka={topic}/{partition}@{offset}``.
     Feed the executor through :meth:`tracking`, which keeps the per-partition watermark. ``schema``
     is required; ``key_column`` None: the message key; ``event_time_column`` None: the Kafka
-    timestamp; ``options``: further ``kafka.*`` / source options (docs/sources.md, "Kafka").
+    timestamp; ``options``: further ``kafka.*`` / source options (docs/sources.md, "Kafka");
+    ``direct_read``: the image tasks read each batch's offset ranges themselves where they can
+    (docs/embedding.md, "Direct read"; the runners' ``direct_read=False`` turns it off for all inputs).
 
     Raises:
         ConfigError: an invalid name, no schema, a bad delay or timeout, or no topic or servers.
@@ -129,7 +158,7 @@ class KafkaInjector(_Estimating):
                  idle_timeout_ms: int | None = None, starting_offsets: str = "earliest",
                  max_offsets_per_trigger: int | None = None, options: Mapping[str, str] | None = None,
                  max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS, timestamp_format: str | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, direct_read: bool = True) -> None:
         _check_common(name, max_event_ahead_ms=max_event_ahead_ms)
         if not bootstrap_servers or not topic:
             raise ConfigError(f"injector {name}: give bootstrap_servers and topic (got {bootstrap_servers!r}, "
@@ -149,6 +178,8 @@ class KafkaInjector(_Estimating):
         self.options = dict(options or {})
         self.max_event_ahead_ms = max_event_ahead_ms
         self.timestamp_format = timestamp_format
+        self.direct_read = direct_read
+        self._direct: DirectSource | None = None
         self._estimate: PerPartitionWatermark = PerPartitionWatermark(
             watermark_delay_ms, idle_timeout_ms=idle_timeout_ms, clock=clock)
 
@@ -255,6 +286,7 @@ class KafkaInjector(_Estimating):
         for k, v in self.options.items():
             reader = reader.option(k, v)
         self.discover_partitions(spark)
+        self._direct = self._direct_source(schema)
         try:
             raw = reader.load()
         except AnalysisException as exc:
@@ -265,6 +297,28 @@ class KafkaInjector(_Estimating):
                                   "(docs/sources.md)") from exc
             raise
         return self._prepare(raw, schema)
+
+    def direct_source(self) -> DirectSource | None:
+        """How image tasks can read a batch's offset ranges themselves, per the last :meth:`stream_df`;
+        None: the JVM reads the topic (a setting or type the direct read does not map)."""
+        return self._direct
+
+    def _direct_source(self, schema: Any) -> DirectSource | None:
+        fields = tuple((f.name, f.dataType.simpleString()) for f in schema.fields)
+        types = dict(fields)
+        config = _librdkafka_config(self.options)
+        if (not self.direct_read or config is None or self.timestamp_format is not None or any(t not in FIELD_TYPES for _n, t in fields)
+                or (self.key_column is not None and types[self.key_column] not in ("string", "int", "bigint"))
+                or (self.event_time_column is not None and types[self.event_time_column] not in ("int", "bigint"))):
+            return None
+        values = self.value_columns
+        if values is None:
+            values = tuple(n for n, _t in fields if n != self.event_time_column)
+        read = KafkaRead(servers=self.bootstrap_servers, topic=self.topic, config=config, fields=fields,
+                         key_column=self.key_column, event_time_column=self.event_time_column,
+                         value_columns=tuple(sorted(set(values))), fail_on_data_loss=self.fails_on_data_loss)
+        return DirectSource(stream=self.name, key_column="key", event_time_column="timestamp_ms",
+                            record_id_column="record_id", types=(), kafka=read)
 
     def _prepare(self, raw: DataFrame, schema: Any) -> DataFrame:
         """Spark's Kafka rows (streaming or batch) in the stream schema."""

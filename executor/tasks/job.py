@@ -11,7 +11,7 @@ from deltawheel.statestore.delta.jvm import java_errors
 from deltawheel.statestore.delta.log import local_path
 from deltawheel.statestore.exceptions import DeltaWheelError
 
-from ..exceptions import BatchFailedError, InputFileError, InputSchemaError, UserCodeError
+from ..exceptions import BatchFailedError, InputFileError, InputSchemaError, KafkaDataLossError, UserCodeError
 
 __all__ = ["Prepared", "BatchCounts", "BatchRun", "UserJob", "task_failure", "user_error_message"]
 
@@ -106,6 +106,9 @@ def task_failure(exc: BaseException, computation: str, batch_id: int | None) -> 
     found = InputFileError.from_task(str(exc))  # the direct read's, in a task
     if found is not None:
         return InputFileError(f"{batch}: {found}")
+    lost = KafkaDataLossError.from_task(str(exc))  # the Kafka direct read's, in a task
+    if lost is not None:
+        return KafkaDataLossError(f"{batch}: {lost}")
     for condition, params in java_errors(exc):
         uri = params.get("path", "?")
         path = urllib.parse.unquote(local_path(uri) or uri)

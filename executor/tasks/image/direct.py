@@ -23,6 +23,7 @@ from ..input import (
     ahead_reason,
     range_reason,
 )
+from .kafkaread import KafkaRead
 
 __all__ = ["DirectSource", "DirectBatch", "BatchReader", "batch_files", "direct_source", "direct_table", "marker_rows",
            "table_source", "TABLE_TYPES"]
@@ -45,6 +46,7 @@ class DirectSource:
     # a stream table's (:func:`table_source`): its local folder and the reading query's checkpoint
     table: str | None = None
     checkpoint: str | None = None
+    kafka: KafkaRead | None = None  # a Kafka injector's (``kafkaread.py``): its offset ranges, not files
 
     @property
     def columns(self) -> list[str]:
@@ -62,6 +64,7 @@ class DirectBatch:
     late_before: int | None  # records with an earlier event time are late
     tasks: tuple[tuple[int, ...], ...]  # per task (partition index): its intervals
     ahead: tuple[int, int] | None = None  # (processing time now, bound): later event times are dead letters
+    ranges: tuple[tuple[int, int, int], ...] = ()  # a Kafka source's: (partition, from, until) per Spark's offsets
 
 
 def batch_files(df: Any, source: DirectSource, *, batch_id: int | None = None) -> tuple[tuple[str, str], ...] | None:

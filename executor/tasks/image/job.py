@@ -16,10 +16,21 @@ from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL, BatchOutp
 from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 
 from ...computation import Computation, LatePolicy
+from ...sources.injector import BatchStats
 from ..input import PREP_DDL, interval_of_key, original_text, original_texts, positions_of, prepare_input
 from ..job import BatchCounts, BatchRun, Prepared, task_failure
 from ..worker import one_worker_pool
 from .direct import DirectBatch, DirectSource, batch_files
+from .kafkaread import (
+    MAX_DIRECT_RECORDS,
+    KafkaRead,
+    Uncertain,
+    batch_ranges,
+    partition_maxima,
+    prepare_records,
+    read_ranges,
+    record_texts,
+)
 from .spec import ImageSpec
 from .task import ClaimError, collect, image_task_fn, task_job
 
@@ -102,20 +113,44 @@ class ImageTasks:
         self._route: tuple[tuple[tuple[int, int], ...], Any] | None = None
         self._work: dict[int, float] = {}  # per interval: records + timers run, decayed over batches
         self._placement: tuple[tuple[int, int], ...] = ()
+        self.kafka_stats: dict[str, BatchStats] = {}  # the last batch's, per Kafka input the tasks read directly
 
     def prepare(self, df: Any | None, *, wm_late: int | None, now: int, batch_id: int | None = None,
                 direct: DirectSource | None = None) -> Prepared:
         """The input, lazily prepared (or the batch's files of ``direct``, for the tasks to read)."""
         batch = None
+        self.kafka_stats = {}
         if df is not None and direct is not None:
-            files = batch_files(df, direct, batch_id=batch_id)
-            if files is not None:
-                bound = self.event_ahead_ms.get(direct.stream)
+            bound = self.event_ahead_ms.get(direct.stream)
+            ahead = None if bound is None else (now, bound)
+            if direct.kafka is not None:
+                batch = self._kafka_batch(direct, direct.kafka, batch_id, late_before=wm_late, now=now, ahead=ahead)
+            elif (files := batch_files(df, direct, batch_id=batch_id)) is not None:
                 batch = DirectBatch(source=direct, files=files, num_intervals=self.comp.num_intervals,
-                                    late_before=wm_late, tasks=(), ahead=None if bound is None else (now, bound))
+                                    late_before=wm_late, tasks=(), ahead=ahead)
         prep = (prepare_input(df, self.comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
                 if df is not None and batch is None else None)
         return _Prepared(input=prep, direct=batch, df=df, raw=original_text(df))
+
+    def _kafka_batch(self, direct: DirectSource, read: KafkaRead, batch_id: int | None, *, late_before: int | None,
+                     now: int, ahead: tuple[int, int] | None) -> DirectBatch | None:
+        """A Kafka batch's offset ranges for the tasks, its statistics in ``kafka_stats`` (None: the JVM path).
+
+        Raises:
+            KafkaDataLossError: records of the batch are gone and the injector fails on data loss.
+        """
+        ranges = batch_ranges(read, batch_id)
+        if ranges is None or sum(hi - lo for _p, lo, hi in ranges) > MAX_DIRECT_RECORDS:
+            return None
+        try:  # read once here: the per-partition statistics, and a record the tasks cannot prepare exactly
+            prep = prepare_records(read, direct.stream, read_ranges(read, ranges))
+        except Uncertain:
+            return None
+        n, lo, hi, parts = partition_maxima(read, prep, now_ms=now, max_event_ahead_ms=None if ahead is None
+                                            else ahead[1])
+        self.kafka_stats = {direct.stream: BatchStats(n, lo, hi, partitions=parts)}
+        return DirectBatch(source=direct, files=(), num_intervals=self.comp.num_intervals, late_before=late_before,
+                           tasks=(), ahead=ahead, ranges=ranges)
 
     def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
             horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[BatchOutput]:
@@ -138,7 +173,13 @@ class ImageTasks:
         s = out.summaries
         # the tasks' own dead letters: source positions and original text looked up here
         in_tasks = {r.record_id for r in dead if r.position is None and r.record_id is not None}
-        if df is not None and in_tasks:
+        kafka = None if prepared.direct is None else prepared.direct.source.kafka
+        if kafka is not None and in_tasks:  # the direct read's records: their positions and values from Kafka
+            assert prepared.direct is not None
+            pos, text = record_texts(kafka, prepared.direct.source.stream, in_tasks)
+            dead = [dataclasses.replace(r, position=pos.get(r.record_id), value=text.get(r.record_id, r.value))
+                    if r.position is None and r.record_id is not None else r for r in dead]
+        elif df is not None and in_tasks:
             pos = positions_of(prep if prep is not None else
                                prepare_input(df, self.comp, wm_late, cache=self._prep_cache,
                                              ahead=(now, self.event_ahead_ms)), in_tasks)

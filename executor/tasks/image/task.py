@@ -22,6 +22,7 @@ from .cache import holds
 from .capture import capture, capture_folder
 from .direct import BatchReader, DirectBatch, marker_rows
 from .interval import run_interval
+from .kafkaread import KafkaRows
 from .spec import ImageSpec
 
 __all__ = ["TaskJob", "image_task_fn", "task_job", "collect", "run_task", "run_intervals",
@@ -62,7 +63,8 @@ def task_job(sc: Any, spec: ImageSpec, place: tuple[tuple[int, int], ...], *, pa
     board = claim_board(sc.master, ivs)
     if direct is not None:  # each task reads its intervals' rows of the batch's files
         batch = dataclasses.replace(direct, tasks=tasks)
-        fn = _per_task_fn(spec, tasks, lambda: BatchReader(batch).rows_of, board)
+        fn = _per_task_fn(spec, tasks, lambda: (KafkaRows(batch) if batch.source.kafka is not None
+                                                else BatchReader(batch)).rows_of, board)
     else:  # no input: each task gets its intervals' marker rows
         fn = _per_task_fn(spec, tasks, lambda: marker_rows, board)
     return TaskJob(sc.parallelize(range(partitions), partitions).mapPartitionsWithIndex(fn, preservesPartitioning=True),

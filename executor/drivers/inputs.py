@@ -12,7 +12,7 @@ from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import ensure_stream_table
 
 from ..computation import RECORD_KEY, Computation
-from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS
+from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, BatchStats
 from ..sources.schema import union_inputs
 from ..tasks.image.direct import DirectSource, table_source
 from .querystart import clear_unstarted
@@ -35,7 +35,10 @@ class StageInput:
         def stats(inj: Any) -> Callable[[], Any]:
             def get() -> Any:
                 known = getattr(getattr(executor, "job", None), "kafka_stats", {}).get(inj.name)
-                return known if known is not None else inj.stats_of(batch_df.where(F.col("stream") == inj.name))
+                if known is not None:
+                    n, lo, hi, parts = known
+                    return BatchStats(n, lo, hi, partitions=parts)
+                return inj.stats_of(batch_df.where(F.col("stream") == inj.name))
             return get
 
         return [(inj, stats(inj)) for inj in self.per_partition]

@@ -14,8 +14,7 @@ from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
 
 from ..tasks.image.direct import DirectSource
-from ..tasks.image.kafkaread import FIELD_TYPES, KafkaRead
-from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS, MAX_EVENT_MS, MIN_EVENT_MS
+from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS, FIELD_TYPES, MAX_EVENT_MS, MIN_EVENT_MS, KafkaRead
 from .injector import BatchStats, DataFrame, SparkSession, _check_common, _Estimating, publish_watermark
 from .jsonl import CORRUPT_RECORD, event_time_of, json_schema, parse_json
 from .schema import to_stream_schema

@@ -3,6 +3,7 @@ is shipped to the workers: it captures plain values, never the session or client
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from deltawheel.statestore.codecs import get_codec
@@ -13,7 +14,26 @@ from ..computation import RECORD_KEY, Computation, key_or_reason
 
 __all__ = ["prepare_input", "interval_of_key", "key_expression", "ahead_reason", "original_text",
            "original_texts", "positions_of", "with_original_text", "PREP_DDL", "DEFAULT_MAX_EVENT_AHEAD_MS", "MALFORMED_CODEC", "MALFORMED_REASON",
-           "RAW_COLUMN", "MIN_EVENT_MS", "MAX_EVENT_MS", "range_reason"]
+           "RAW_COLUMN", "MIN_EVENT_MS", "MAX_EVENT_MS", "range_reason", "FIELD_TYPES", "KafkaRead"]
+
+#: The JSON schema's field types the direct Kafka read parses (Spark DDL names, as ``simpleString``)
+FIELD_TYPES = ("string", "boolean", "int", "bigint", "double")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KafkaRead:
+    """What the tasks need to read and prepare a Kafka injector's records: plain values, pickled."""
+
+    servers: str
+    topic: str
+    config: tuple[tuple[str, str], ...]  # further librdkafka settings (mapped from the injector's options)
+    fields: tuple[tuple[str, str], ...]  # the JSON schema: (name, one of FIELD_TYPES)
+    key_column: str | None  # None: the message key
+    event_time_column: str | None  # None: the Kafka timestamp; else an int or bigint field
+    value_columns: tuple[str, ...]  # sorted
+    fail_on_data_loss: bool
+    checkpoint: str | None = None  # the reading query's checkpoint (its offset log)
+
 
 #: The prepared input's columns (:func:`prepare_input`) the tasks of either path get per record.
 PREP_DDL = ("record_id STRING, key STRING, value BINARY, codec STRING, timestamp_ms BIGINT, stream STRING, "

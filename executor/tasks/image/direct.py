@@ -20,10 +20,10 @@ from ..input import (
     MALFORMED_REASON,
     MAX_EVENT_MS,
     MIN_EVENT_MS,
+    KafkaRead,
     ahead_reason,
     range_reason,
 )
-from .kafkaread import KafkaRead
 
 __all__ = ["DirectSource", "DirectBatch", "BatchReader", "batch_files", "direct_source", "direct_table", "marker_rows",
            "table_source", "TABLE_TYPES"]

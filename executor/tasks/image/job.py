@@ -16,14 +16,20 @@ from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL, BatchOutp
 from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 
 from ...computation import Computation, LatePolicy
-from ...sources.injector import BatchStats
-from ..input import PREP_DDL, interval_of_key, original_text, original_texts, positions_of, prepare_input
+from ..input import (
+    PREP_DDL,
+    KafkaRead,
+    interval_of_key,
+    original_text,
+    original_texts,
+    positions_of,
+    prepare_input,
+)
 from ..job import BatchCounts, BatchRun, Prepared, task_failure
 from ..worker import one_worker_pool
 from .direct import DirectBatch, DirectSource, batch_files
 from .kafkaread import (
     MAX_DIRECT_RECORDS,
-    KafkaRead,
     Uncertain,
     batch_ranges,
     partition_maxima,
@@ -113,7 +119,8 @@ class ImageTasks:
         self._route: tuple[tuple[tuple[int, int], ...], Any] | None = None
         self._work: dict[int, float] = {}  # per interval: records + timers run, decayed over batches
         self._placement: tuple[tuple[int, int], ...] = ()
-        self.kafka_stats: dict[str, BatchStats] = {}  # the last batch's, per Kafka input the tasks read directly
+        #: the last batch's ``(count, min ms, max ms, per-partition max ms)``, per Kafka input the tasks read directly
+        self.kafka_stats: dict[str, tuple[int, int | None, int | None, tuple[tuple[str, int | None], ...]]] = {}
 
     def prepare(self, df: Any | None, *, wm_late: int | None, now: int, batch_id: int | None = None,
                 direct: DirectSource | None = None) -> Prepared:
@@ -148,7 +155,7 @@ class ImageTasks:
             return None
         n, lo, hi, parts = partition_maxima(read, prep, now_ms=now, max_event_ahead_ms=None if ahead is None
                                             else ahead[1])
-        self.kafka_stats = {direct.stream: BatchStats(n, lo, hi, partitions=parts)}
+        self.kafka_stats = {direct.stream: (n, lo, hi, parts)}
         return DirectBatch(source=direct, files=(), num_intervals=self.comp.num_intervals, late_before=late_before,
                            tasks=(), ahead=ahead, ranges=ranges)
 

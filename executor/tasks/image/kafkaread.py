@@ -17,13 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ...exceptions import KafkaDataLossError
-from ..input import MALFORMED_CODEC, MAX_EVENT_MS, MIN_EVENT_MS
+from ..input import MALFORMED_CODEC, MAX_EVENT_MS, MIN_EVENT_MS, KafkaRead
 
-__all__ = ["KafkaRead", "KafkaRecords", "KafkaRows", "read_ranges", "prepare_records", "batch_ranges",
-           "FIELD_TYPES", "MAX_DIRECT_RECORDS", "record_texts", "Uncertain", "partition_maxima"]
+__all__ = ["KafkaRecords", "KafkaRows", "read_ranges", "prepare_records", "batch_ranges",
+           "MAX_DIRECT_RECORDS", "record_texts", "Uncertain", "partition_maxima"]
 
-#: The JSON schema's field types the direct read parses (Spark DDL names, as ``simpleString``)
-FIELD_TYPES = ("string", "boolean", "int", "bigint", "double")
 _INT_RANGE = {"int": (-2**31, 2**31 - 1), "bigint": (-2**63, 2**63 - 1)}
 _DOUBLE_TEXTS = {"NaN": math.nan, "+INF": math.inf, "+Infinity": math.inf, "Infinity": math.inf,
                  "-INF": -math.inf, "-Infinity": -math.inf}
@@ -31,21 +29,6 @@ READ_TIMEOUT_S = 60.0
 #: A Kafka batch of more records (a catch-up without ``maxOffsetsPerTrigger``) goes through the JVM: the driver
 #: and every task would hold all of it in memory
 MAX_DIRECT_RECORDS = 1_000_000
-
-
-@dataclass(frozen=True, kw_only=True)
-class KafkaRead:
-    """What the tasks need to read and prepare a Kafka injector's records: plain values, pickled."""
-
-    servers: str
-    topic: str
-    config: tuple[tuple[str, str], ...]  # further librdkafka settings (mapped from the injector's options)
-    fields: tuple[tuple[str, str], ...]  # the JSON schema: (name, one of FIELD_TYPES)
-    key_column: str | None  # None: the message key
-    event_time_column: str | None  # None: the Kafka timestamp; else an int or bigint field
-    value_columns: tuple[str, ...]  # sorted
-    fail_on_data_loss: bool
-    checkpoint: str | None = None  # the reading query's checkpoint (its offset log)
 
 
 class Uncertain(Exception):

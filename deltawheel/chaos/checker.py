@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from deltawheel.executor.windowing.windowed import dropped_stream
 from deltawheel.statestore.exceptions import ConfigError
 
 from .bank import CLOSING_PREFIX, STREAMS, WINDOW_MS
@@ -222,6 +223,16 @@ def _ledger(got: Any, legs: Any, version: int) -> list[Violation]:
     return out
 
 
+def _dropped(got: Any) -> list[Violation]:
+    """Every move is on time at the source (written within the watermark delay): none is dropped."""
+    if got.empty:
+        return []
+    first = got.sort_values("timestamp_ms").iloc[0]
+    return [Violation("late", f"window_sums: {len(got)} on-time records dropped (first: {first['key']} at "
+                              f"{int(first['timestamp_ms'])}, {first.get('reason')})", (),
+                      _keys(str(k) for k in got["record_id"]))]
+
+
 def _windows(got: Any, legs: Any, version: int) -> list[Violation]:
     """The last pane of every (account, window) equals the pandas reference."""
     want = reference_windows(legs)
@@ -287,6 +298,7 @@ def check_run(store: Path, input_folder: Path, faults: Sequence[FaultRecord] = (
     res.violations += _legs_once("balances", finals["balances"], legs, res.versions["balances"])
     res.violations += _ledger(finals["balances"], legs, res.versions["balances"])
     res.violations += _windows(finals["window_sums"], legs, res.versions["window_sums"])
+    res.violations += _dropped(read_stream(store, dropped_stream("window_sums")))
     stuck, res.recoveries = _progress(commits, faults, bound_s=bound_s, end=time.time() if end is None else end)
     res.violations += stuck
     return res

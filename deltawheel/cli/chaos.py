@@ -10,6 +10,16 @@ __all__ = ["register", "replay_command"]
 
 MEAN_GAP_S = 5.0
 TMPFS_MB = 128
+TMPFS_MB_PER_HOUR = 512  # what an hour's store grows to when gc runs seldom (a 60-minute run outgrew 128 MiB)
+
+
+def tmpfs_mb(seconds: float) -> int:
+    """The default tmpfs for a run of ``seconds``: 128 MiB, more for runs over 15 minutes.
+
+    >>> tmpfs_mb(60), tmpfs_mb(3600)
+    (128, 640)
+    """
+    return TMPFS_MB + int(max(0.0, seconds - 900) / 3600 * TMPFS_MB_PER_HOUR * 4 / 3)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -25,8 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--mean-gap", type=float, default=MEAN_GAP_S, help="mean seconds between fault starts (default 5)")
     p.add_argument("--bound", type=float, default=600.0,
                    help="seconds within which every stream must commit after a fault heals (default 600)")
-    p.add_argument("--store-tmpfs-mb", type=int, default=TMPFS_MB,
-                   help="MiB of a tmpfs over the store for disk-full (root only; default 128, 0: none)")
+    p.add_argument("--store-tmpfs-mb", type=int, default=None,
+                   help="MiB of a tmpfs over the store for disk-full (root only; default 128, more for runs "
+                        "over 15 minutes: 640 for an hour; 0: none)")
     p.add_argument("--kinds", default="",
                    help="comma-separated fault kinds the schedule draws from (default: every kind)")
     p.add_argument("--object-store", action="store_true",
@@ -40,7 +51,7 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
     line: str = f"deltawheel chaos --seed {seed} --seconds {args.seconds:g}"
     if args.mean_gap != MEAN_GAP_S:
         line += f" --mean-gap {args.mean_gap:g}"
-    if args.store_tmpfs_mb != TMPFS_MB:  # 0: no disk-full among the kinds
+    if args.store_tmpfs_mb is not None:  # 0: no disk-full among the kinds
         line += f" --store-tmpfs-mb {args.store_tmpfs_mb}"
     line += f" --kinds {args.kinds}" * bool(args.kinds)
     return line + " --object-store" * bool(args.object_store)
@@ -64,7 +75,8 @@ def _chaos(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
     print(f"chaos seed {seed} (replay: {replay_command(args, seed)})", flush=True)
     settings = ChaosSettings(seed=seed, seconds=args.seconds, data=data, mean_gap_s=args.mean_gap,
-                             bound_s=args.bound, store_tmpfs_mb=args.store_tmpfs_mb, object_store=args.object_store,
+                             bound_s=args.bound, object_store=args.object_store,
+                             store_tmpfs_mb=tmpfs_mb(args.seconds) if args.store_tmpfs_mb is None else args.store_tmpfs_mb,
                              kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))
     run = run_chaos(settings, say=lambda line: print(line + "\n", end="", flush=True))  # one write: faults' threads print
     assert run.result is not None

@@ -135,7 +135,7 @@ class ReplayRun:
                 df, skipped = inputs.skip_frame(df, files, range(n) if run_on is None else run_on)
             reports.append(ex.run_batch(df, int(c.batch_id if c.batch_id is not None else -2),
                                         input_watermark_ms=c.input_ms, use_authority=False, input_files=files,
-                                        late_watermark_ms=c.late_ms))
+                                        late_watermark_ms=c.late_ms, late_raised=c.late_raised))
             ex.settle()
             self._reached(c.version, ran=True)
             self.say(f"batch {c.batch_id} (live version {c.version}): {reports[-1].records_in} records"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.rowtable.inputfiles import commit_entry
 from deltawheel.statestore.writepath.delivery import record_dead_letters, record_late
@@ -20,7 +20,7 @@ from ..tasks.job import BatchCounts, BatchRun
 from .batchstate import BatchState, BatchStatus, retry_stale_view
 from .exporter import active_exporter
 from .faults import FaultPoint
-from .lateness import ActedMark, newest_marks, read_mark
+from .lateness import ActedMark, interval_lines, judged, newest_marks
 from .metrics import batch_row, state_size
 from .reports import BatchReport, format_report
 from .sparkprogress import show_input_rows
@@ -44,11 +44,13 @@ class BatchProtocol:
     def __init__(self, executor: BatchHost) -> None:
         self.ex = executor
         self.acted: ActedMark | None = None  # the newest committed batch's (``lateness.py``)
+        self.lines: dict[int, int | None] = {}  # each held interval's lateness line (its own newest mark)
+        self.catching_up = False  # a catch-up batch: no injector part, no replay of a mark (``catch_up``)
         self.watermarks = BatchWatermarks(executor)
 
     def run(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None, use_authority: bool,
             input_files: Sequence[str] | None, background: bool = False,
-            late_watermark_ms: int | None = None) -> BatchReport:
+            late_watermark_ms: int | None = None, late_raised: Mapping[int, int] | None = None) -> BatchReport:
         """The seven steps on the micro-batch ``df`` (None: timers only; ``background``: step 7 too)."""
         ex = self.ex
         started = time.monotonic()
@@ -58,7 +60,7 @@ class BatchProtocol:
         df, skipped, files = self._skip_processed(df, batch_id, input_files)
         wm_in = self._input_watermark(input_watermark_ms, use_authority=use_authority)
         b = self._open(df, batch_id, started=started, skipped=skipped, files=files, wm_in=wm_in,
-                       wm_late=late_watermark_ms)
+                       wm_late=late_watermark_ms, late_raised=late_raised)
         try:
             return self._steps(b, background=background)
         except BaseException:
@@ -140,6 +142,7 @@ class BatchProtocol:
                 meta.update(commit_entry(b.batch_id, b.files, kafka=kafka, intervals=held))  # (unknown: none recorded)
         if ex.path.commit(run.batch, commit_id=b.commit_id, meta=meta):
             self.acted = b.acted
+            self.lines = {iv: b.acted.line_of(iv) for iv in ex.owner.intervals}
         b.advance(BatchStatus.COMMITTED)
         b.commit_s = time.monotonic() - t0
         return run
@@ -164,27 +167,33 @@ class BatchProtocol:
         return self.watermarks.input() if use_authority and given is None else given
 
     def _open(self, df: Any | None, batch_id: int, *, started: float, skipped: int, files: tuple[str, ...],
-              wm_in: int | None, wm_late: int | None = None) -> BatchState:
-        """The batch's clock, dedup horizon and watermarks (``wm_late``: a replay's live batch's)."""
+              wm_in: int | None, wm_late: int | None = None,
+              late_raised: Mapping[int, int] | None = None) -> BatchState:
+        """The batch's clock, dedup horizon and watermarks (``wm_late``, ``late_raised``: a replay's live batch's)."""
         comp = self.ex.comp
         now = self.ex.clock.now_ms()
         # ids seen before the horizon are dropped (Computation.dedup_retention)
         horizon = now - comp.dedup_retention_ms() if comp.exactly_once else None
-        # late: behind the watermark the newest committed batch acted on (lateness.py)
+        # late: behind the watermark each interval's newest committed batch acted on (lateness.py)
+        raised = dict(late_raised or {})
         if wm_late is None:
-            wm_late, wm_in, computations = self._lateness(df, batch_id, wm_in)
+            wm_late, wm_in, computations, raised = self._lateness(df, batch_id, wm_in)
         else:  # a replay of a live batch: lateness as that batch judged it
             computations = None
         acted = ActedMark(batch_id=batch_id if df is not None else None, late_ms=wm_late, input_ms=wm_in,
-                          intervals=tuple(sorted(self.ex.owner.intervals)), computations_ms=computations)
+                          intervals=tuple(sorted(self.ex.owner.intervals)), computations_ms=computations,
+                          raised=raised)
         return BatchState(batch_id=batch_id, df=df, started=started, now=now, wm_in=wm_in, wm_late=wm_late,
+                          late_raised=raised,
                           acted=acted, horizon=horizon, commit_id=f"{comp.name}:{batch_id}:{now}",
                           strong=comp.strong_productions, skipped=skipped, files=files)
 
     def opened(self) -> None:
         """After the start: the newest lateness mark, and the taken intervals' committed input files."""
         ex = self.ex
-        self.acted = read_mark(ex.spark, ex.layout.rows, ex.comp.name, ex.owner.intervals)
+        marks = newest_marks(ex.spark, ex.layout.rows, ex.comp.name, sorted(ex.owner.intervals))
+        self.acted = marks[0] if marks else None  # the newest of any held interval (its injector watermarks)
+        self.lines = interval_lines(marks, ex.owner.intervals)
         if ex.authority is not None and self.acted is not None and self.watermarks.hook_observes_early():
             # the newest batch's step 7 may not have landed: publish its injector watermarks again
             for name, wm in sorted(self.acted.injectors.items()):
@@ -194,27 +203,22 @@ class BatchProtocol:
             ex.shared.done = {iv: fs for iv, fs in sets.items() if iv in held}
             ex.shared.recorded = frozenset().union(*sets.values())  # every interval's: the catch-up's pruned rule
 
-    def catch_up_lateness(self) -> int:
-        """The lateness line of a catch-up batch on intervals taken over: the oldest of the held
-        intervals' newest marks (the newest of all may be another interval's, far ahead, and drop a
-        takeover's backlog as late). An interval never committed: nothing is late."""
-        ex = self.ex
-        held = set(ex.owner.intervals)
-        per: dict[int, int | None] = {}
-        for m in newest_marks(ex.spark, ex.layout.rows, ex.comp.name, sorted(held)):  # newest first
-            for iv in held.intersection(m.intervals) - per.keys():
-                per[iv] = m.acted_ms
-        known = [per.get(iv) for iv in held]
-        return NOTHING_LATE if any(v is None for v in known) else min(v for v in known if v is not None)
-
     def _lateness(self, df: Any | None, batch_id: int,
-                  wm_in: int | None) -> tuple[int | None, int | None, int | None]:
-        """(lateness watermark, input watermark, upstream computations' part); a replay's as first run."""
+                  wm_in: int | None) -> tuple[int | None, int | None, int | None, dict[int, int]]:
+        """(lateness watermark, input watermark, upstream computations' part, the intervals judged
+        against a higher line); a replay's as first run. Each interval is judged against its own newest
+        mark: intervals taken over from holders that acted on different watermarks keep theirs (the
+        newest of all would drop the backlog of an interval behind as late, the oldest would reopen
+        the windows of one ahead)."""
         m = self.acted
         wms = self.watermarks
-        if m is not None and df is not None and m.batch_id == batch_id:
-            return m.late_ms, m.input_ms, m.computations_ms
-        late = m.acted_ms if m is not None else None
+        held = set(self.ex.owner.intervals)
+        if not self.catching_up and m is not None and df is not None and m.batch_id == batch_id \
+                and held <= set(m.intervals):
+            return m.late_ms, m.input_ms, m.computations_ms, {iv: ms for iv, ms in m.raised.items() if iv in held}
+        late, raised = judged({iv: self.lines.get(iv) for iv in held})
+        if self.catching_up:  # its backlog is behind the injectors' watermarks, and not late
+            return (NOTHING_LATE if late is None else late), wm_in, None, raised
         injectors = wms.injector_part() if wm_in is not None else None
         if injectors is not None:
             if wms.has_computation_upstream():  # mixed: the computations' part as the last batch acted on it
@@ -222,7 +226,7 @@ class BatchProtocol:
                 injectors = None if before is None else min(injectors, before)
             if injectors is not None:
                 late = injectors if late is None else max(late, injectors)
-        return late, wm_in, wms.computations_read
+        return late, wm_in, wms.computations_read, {iv: ms for iv, ms in raised.items() if late is None or ms > late}
 
     def _nothing_due(self, b: BatchState) -> bool:
         """A timers-only batch has nothing to do (no due timer, no straggler)."""
@@ -268,7 +272,8 @@ class BatchProtocol:
         ex = self.ex
         assert b.prepared is not None
         run = ex.job.run(b.prepared, batch_id=b.batch_id, wm_in=b.wm_in, wm_late=b.wm_late, now=b.now,
-                         horizon=b.horizon, commit_id=b.commit_id, strong=b.strong, mark=b.mark)
+                         horizon=b.horizon, commit_id=b.commit_id, strong=b.strong, mark=b.mark,
+                         late_raised=b.late_raised)
         self.watermarks.warn_if_none(b.wm_in, run.event_timer_ms)
         self._describe_jobs(b.batch_id, run.counts)
         self.fault(FaultPoint.AFTER_USER_CODE, b.batch_id)

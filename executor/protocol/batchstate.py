@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 from deltawheel.statestore.writepath import StaleViewError
 
@@ -53,6 +53,7 @@ class BatchState:
     now: int  # the batch's processing time (ms, the executor's clock)
     wm_in: int | None
     wm_late: int | None
+    late_raised: Mapping[int, int] = field(default_factory=dict)  # intervals judged against a higher line
     acted: ActedMark
     horizon: int | None
     commit_id: str

@@ -196,9 +196,11 @@ class ComputationExecutor:
 
     def run_batch(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None = None,
                   use_authority: bool = True, input_files: Sequence[str] | None = None,
-                  background: bool = False, late_watermark_ms: int | None = None) -> BatchReport:
+                  background: bool = False, late_watermark_ms: int | None = None,
+                  late_raised: Mapping[int, int] | None = None) -> BatchReport:
         """Run DESIGN's seven steps on one micro-batch (``df`` None: timers only), starting if needed;
-        ``background``: step 7 in the background (joined before the next batch reads a watermark)."""
+        ``background``: step 7 in the background (joined before the next batch reads a watermark);
+        ``late_watermark_ms`` / ``late_raised``: a replay's, as the live batch judged lateness."""
         sc = self.spark.sparkContext
         before = sc.getLocalProperty(JOB_DESCRIPTION)
         sc.setLocalProperty(JOB_DESCRIPTION, f"deltawheel {self.comp.name} batch {batch_id}")
@@ -208,23 +210,23 @@ class ComputationExecutor:
                 self.start()
             return self._protocol.run(df, batch_id, input_watermark_ms=input_watermark_ms,
                                       use_authority=use_authority, input_files=input_files, background=background,
-                                      late_watermark_ms=late_watermark_ms)
+                                      late_watermark_ms=late_watermark_ms, late_raised=late_raised)
         finally:
             sc.setLocalProperty(JOB_DESCRIPTION, before)  # None removes it: the caller's jobs are not ours
 
     def catch_up(self, df: Any, batch_id: int, *, input_files: Sequence[str]) -> BatchReport:
         """A catch-up batch of intervals taken over: lateness judged per interval
-        (:meth:`BatchProtocol.catch_up_lateness`); upstream computations' timers do not fire in it."""
+        (``BatchProtocol._lateness``); upstream computations' timers do not fire in it."""
         protocol = self._protocol
         self.wait_started()
-        before = protocol.acted
+        before = protocol.acted, protocol.lines
         unknown = dict.fromkeys(u.partition(":")[2] for u in self.upstream if u.startswith("computation:"))
         given, self.inputs = self.inputs, dataclasses.replace(self.inputs, upstream_caps=unknown, hold="kept")
+        protocol.catching_up = True
         try:
-            return self.run_batch(df, batch_id, input_files=input_files,
-                                  late_watermark_ms=protocol.catch_up_lateness())
+            return self.run_batch(df, batch_id, input_files=input_files)
         finally:
-            protocol.acted, self.inputs = before, given
+            (protocol.acted, protocol.lines), self.inputs, protocol.catching_up = before, given, False
 
     def report(self, batch_id: int) -> BatchReport | None:
         """The report of batch ``batch_id``; None when not kept (the newest :data:`REPORTS_KEPT` are)."""

@@ -1,18 +1,21 @@
 """Which watermark a batch judges lateness against: durable, so a restart changes no decision.
 
 The input low watermark the last committed batch fired timers under is recorded in its commit's
-metadata (an :class:`ActedMark`) and read back at start. docs/late-data.md."""
+metadata (an :class:`ActedMark`) and read back at start, per key interval: intervals an instance
+takes over may come from holders that acted on different watermarks (:func:`interval_lines`).
+docs/late-data.md."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 from deltawheel.statestore.delta.log import newest_commit_info
 from deltawheel.statestore.delta.storefs import table_files
 
-__all__ = ["ActedMark", "MARK_FORMAT_VERSION", "read_mark", "newest_marks", "recorded_injector_watermarks"]
+__all__ = ["ActedMark", "MARK_FORMAT_VERSION", "newest_marks", "interval_lines", "judged",
+           "recorded_injector_watermarks"]
 
 MARK_FORMAT_VERSION = 1
 _KEY = "late"
@@ -30,6 +33,8 @@ class ActedMark:
     injectors: Mapping[str, int] = field(default_factory=dict)
     # the upstream computations' part of ``input_ms`` (their minimum; None: none, or not recorded)
     computations_ms: int | None = None
+    # intervals whose own line is above ``acted_ms`` (taken over from a holder further ahead)
+    raised: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def acted_ms(self) -> int | None:
@@ -37,12 +42,19 @@ class ActedMark:
         marks = [m for m in (self.late_ms, self.input_ms) if m is not None]
         return max(marks) if marks else None
 
+    def line_of(self, interval: int) -> int | None:
+        """The watermark the next batch judges ``interval``'s records against."""
+        raised = self.raised.get(interval)
+        acted = self.acted_ms
+        return acted if raised is None else raised if acted is None else max(acted, raised)
+
     def to_meta(self) -> dict[str, Any]:
         """The commit metadata entry (``{"late": ...}``)."""
         return {_KEY: {"v": MARK_FORMAT_VERSION, "batch_id": self.batch_id, "late_ms": self.late_ms,
                        "input_ms": self.input_ms, "intervals": list(self.intervals),
                        "injectors": dict(sorted(self.injectors.items())),
-                       "computations_ms": self.computations_ms}}
+                       "computations_ms": self.computations_ms,
+                       **({"raised": {str(i): ms for i, ms in sorted(self.raised.items())}} if self.raised else {})}}
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> ActedMark:
@@ -55,7 +67,8 @@ class ActedMark:
         return cls(batch_id=opt(m.get("batch_id")), late_ms=opt(m.get("late_ms")), input_ms=opt(m.get("input_ms")),
                    intervals=tuple(int(i) for i in m.get("intervals") or ()),
                    injectors={str(k): int(v) for k, v in (m.get("injectors") or {}).items()},
-                   computations_ms=opt(m.get("computations_ms")))
+                   computations_ms=opt(m.get("computations_ms")),
+                   raised={int(i): int(ms) for i, ms in (m.get("raised") or {}).items()})
 
 
 def _mark_of(user_metadata: str | None, computation: str, intervals: set[int]) -> ActedMark | None:
@@ -69,10 +82,31 @@ def _mark_of(user_metadata: str | None, computation: str, intervals: set[int]) -
     return mark if intervals & set(mark.intervals) else None
 
 
-def read_mark(spark: Any, rows_path: str, computation: str, intervals: Sequence[int]) -> ActedMark | None:
-    """The newest mark of ``computation`` on any of ``intervals`` (None: none); hold their leases."""
-    found = newest_marks(spark, rows_path, computation, intervals, first_only=True)
-    return found[0] if found else None
+def interval_lines(marks: Iterable[ActedMark], intervals: Iterable[int]) -> dict[int, int | None]:
+    """Each of ``intervals``' line from ``marks`` (newest first, :func:`newest_marks`); None: never acted.
+
+    >>> m = ActedMark(batch_id=3, late_ms=5, input_ms=9, intervals=(0, 1), raised={1: 20})
+    >>> interval_lines([m, ActedMark(batch_id=1, late_ms=2, input_ms=30, intervals=(0, 2))], [0, 1, 2, 3])
+    {0: 9, 1: 20, 2: 30, 3: None}
+    """
+    lines: dict[int, int | None] = dict.fromkeys(intervals)
+    left = set(lines)
+    for m in marks:
+        for iv in left.intersection(m.intervals):
+            lines[iv] = m.line_of(iv)
+        left.difference_update(m.intervals)
+    return lines
+
+
+def judged(lines: Mapping[int, int | None]) -> tuple[int | None, dict[int, int]]:
+    """(the batch's line: the lowest interval's, None when one never acted; the intervals above it).
+
+    >>> judged({0: 9, 1: 20}), judged({0: 9, 1: None}), judged({0: 9, 1: 9})
+    ((9, {1: 20}), (None, {0: 9}), (9, {}))
+    """
+    known = [v for v in lines.values() if v is not None]
+    base = None if len(known) < len(lines) else min(known, default=None)
+    return base, {iv: v for iv, v in sorted(lines.items()) if v is not None and (base is None or v > base)}
 
 
 def newest_marks(spark: Any, rows_path: str, computation: str, intervals: Iterable[int], *,

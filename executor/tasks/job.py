@@ -87,8 +87,10 @@ class UserJob(Protocol[BatchT]):
         files the tasks may read themselves (image path; ``image/direct.py``)."""
 
     def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
-            horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[BatchT]:
-        """Steps 2-4 in the tasks, materialized once (StaleViewError: reload and rerun)."""
+            horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None],
+            late_raised: Mapping[int, int] | None = None) -> BatchRun[BatchT]:
+        """Steps 2-4 in the tasks, materialized once (StaleViewError: reload and rerun). ``late_raised``:
+        intervals whose records are judged against a line above ``wm_late`` (``protocol/lateness.py``)."""
 
     def checkpoint(self, run: BatchRun[BatchT]) -> bool:
         """A weak batch's straggler: checkpoint the productions; False: rerun the tasks with ``strong``."""

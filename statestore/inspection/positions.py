@@ -28,6 +28,7 @@ class ComputationCommit:
     files: tuple[str, ...] | None
     input_ms: int | None
     late_ms: int | None
+    late_raised: Mapping[int, int] = field(default_factory=dict)  # intervals it judged against a higher line
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
     kafka: Mapping[str, Mapping[str, tuple[int, int]]] | None = None  # {topic: {partition: (start, end)}}
 
@@ -106,7 +107,8 @@ def _commit(version: int, timestamp_ms: int, user_meta: object, computation: str
         kind=str(meta.get("kind", "batch")), batch_id=None if entry is None else entry[0],
         files=None if entry is None else entry[1],
         input_ms=None if late.get("input_ms") is None else int(late["input_ms"]),
-        late_ms=None if late.get("late_ms") is None else int(late["late_ms"]), meta=meta, kafka=kafka_of(meta))
+        late_ms=None if late.get("late_ms") is None else int(late["late_ms"]), meta=meta, kafka=kafka_of(meta),
+        late_raised={int(i): int(ms) for i, ms in (late.get("raised") or {}).items()})
 
 
 def replay_horizon(commits: Sequence[ComputationCommit]) -> int | None:

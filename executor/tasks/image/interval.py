@@ -78,6 +78,8 @@ def run_interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     opened = _open(spec, iv)
     if isinstance(opened, Fenced):
         return IntervalSummary(interval=iv, fenced=opened)
+    if iv in spec.late_raised and recs.num_rows:
+        recs = late_behind(recs, spec.late_raised[iv])
     if spec.route_late and recs.num_rows:
         recs, opened.routed = _route_late(spec.comp, recs, opened.image, spec.horizon_ms, opened.live, opened.legacy)
     inp = Input(recs)
@@ -104,6 +106,16 @@ def run_interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
                     new_hashes)
     return _summary(spec, iv, opened, ran, written=written, ids_all=ids_all, taken=taken, expired=expired,
                     prods=_write_productions(spec, iv, ran.loop))
+
+
+def late_behind(recs: Any, line: int) -> Any:
+    """``recs`` with the records behind ``line`` flagged late too (an interval ahead of the batch's line)."""
+    import pyarrow.compute as pc
+
+    i = recs.schema.get_field_index("late")
+    late = pc.or_(pc.fill_null(recs.column("late"), False),
+                  pc.fill_null(pc.less(recs.column("timestamp_ms"), line), False))
+    return recs.set_column(i, recs.schema.field("late"), late)
 
 
 def _open(spec: ImageSpec, iv: int) -> _Open | Fenced:
@@ -171,7 +183,7 @@ def _run_keys(spec: ImageSpec, iv: int, opened: _Open, inp: Input, run_keys: lis
     mask = pc.is_in(image.column("key"), value_set=pa.array(run_keys, pa.string()))
     sub = image.filter(mask)
     old_ids = flat_ids(sub, spec.horizon_ms)
-    loop = key_loop(spec.comp, inp, sub, wm=spec.wm, wm_late=spec.records_watermark(), now_ms=spec.now_ms,
+    loop = key_loop(spec.comp, inp, sub, wm=spec.wm, wm_late=spec.records_watermark(iv), now_ms=spec.now_ms,
                     strong=spec.strong)
     bloom, seen, checks = dedup(spec, iv, image, inp, old_ids, opened.live, opened.legacy)
     loop.run(run_keys, inp, OldRows(sub, with_pending=has_pending), seen)

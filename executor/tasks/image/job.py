@@ -160,13 +160,14 @@ class ImageTasks:
                            tasks=(), ahead=ahead, ranges=ranges)
 
     def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
-            horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[BatchOutput]:
+            horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None],
+            late_raised: Mapping[int, int] | None = None) -> BatchRun[BatchOutput]:
         """Steps 2-4 as one Spark job; the tasks' dead letters and routed late records as frames."""
         assert isinstance(prepared, _Prepared)
         df, prep = prepared.df, prepared.input
         session = df.sparkSession if df is not None else self.path.spark
         frame = self.plan(session, prep, wm=wm_in, wm_late=wm_late, now_ms=now, horizon_ms=horizon,
-                          commit_id=commit_id, strong=strong, direct=prepared.direct)
+                          commit_id=commit_id, strong=strong, direct=prepared.direct, late_raised=late_raised)
         mark("plan")
         try:
             out = collect(frame)
@@ -206,7 +207,7 @@ class ImageTasks:
 
     def plan(self, session: Any, prep: Any | None, *, wm: int | None, wm_late: int | None, now_ms: int,
              horizon_ms: int | None, commit_id: str, strong: bool | None = None,
-             direct: DirectBatch | None = None) -> Any:
+             direct: DirectBatch | None = None, late_raised: Mapping[int, int] | None = None) -> Any:
         """The batch's lazy job: the input shuffled to ``mapInArrow`` tasks, or one RDD task per partition."""
         comp = self.comp
         ivs = sorted(self.path.owner.intervals)
@@ -216,7 +217,7 @@ class ImageTasks:
             images=self.path.images(),
             sequencers=dict(self.path.owner.sequencers),
             stream_roots={s: self.path.stream_files(s) for s in comp.outputs},
-            wm=wm, wm_late=wm_late, now_ms=now_ms, horizon_ms=horizon_ms, commit_id=commit_id, rows_schema=arrow_schema(rows_file_ddl()),
+            wm=wm, wm_late=wm_late, late_raised=dict(late_raised or {}), now_ms=now_ms, horizon_ms=horizon_ms, commit_id=commit_id, rows_schema=arrow_schema(rows_file_ddl()),
             stream_schema=arrow_schema(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
             route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=arrow_schema(SUMMARY_DDL),
             strong=comp.strong_productions if strong is None else strong,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from deltawheel.statestore.delta.storefs import TableFiles
@@ -36,6 +36,7 @@ class ImageSpec:
     input_files: tuple[str, ...] = ()  # the batch's input files: added to each rewritten fence row's set
     # the records' watermark: the one before the batch's input (lateness; ``keyrun.UserCode``)
     wm_late: int | None | SameAsInput = AS_INPUT
+    late_raised: Mapping[int, int] = field(default_factory=dict)  # intervals judged against a higher line
 
     def state_files(self, iv: int) -> tuple[str, ...]:
         """Interval ``iv``'s live files but its ids files, sorted: its state image."""
@@ -45,6 +46,9 @@ class ImageSpec:
         """Interval ``iv``'s live record-ids files, sorted."""
         return tuple(sorted(p for p in self.images.get(iv, ()) if is_ids_path(p)))
 
-    def records_watermark(self) -> int | None:
-        """The watermark the records' lateness is judged against (:attr:`wm_late`, or :attr:`wm`)."""
+    def records_watermark(self, iv: int | None = None) -> int | None:
+        """The watermark interval ``iv``'s records' lateness is judged against (:attr:`late_raised`,
+        :attr:`wm_late`, or :attr:`wm`)."""
+        if iv is not None and iv in self.late_raised:
+            return self.late_raised[iv]
         return self.wm if isinstance(self.wm_late, SameAsInput) else self.wm_late

@@ -19,7 +19,7 @@ __all__ = ["MergeTasks", "run_in_tasks"]
 def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any | None, *,
                  intervals: Sequence[int], input_watermark_ms: int | None, record_watermark_ms: int | None,
                  now_ms: int, dedup_horizon_ms: int | None, partitions: int, sequencers: dict[int, int],
-                 commit_id: str) -> Any:
+                 commit_id: str, late_raised: Mapping[int, int] | None = None) -> Any:
     """Join input with the rows it needs and run user code per key in tasks (lazy DataFrame)."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -49,7 +49,7 @@ def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any |
     schema = DataType.fromDDL(OUT_DDL)
     arrow = to_arrow_schema(schema, timezone="UTC")  # type: ignore[arg-type]  # a StructType (parsed from OUT_DDL)
     fn = task_fn(comp, input_watermark_ms, now_ms, dedup_horizon_ms, arrow, sequencers, commit_id,
-                 wm_late=record_watermark_ms)
+                 wm_late=record_watermark_ms, late_raised=dict(late_raised or {}))
     return joined.repartition(partitions, "interval").mapInArrow(fn, schema)
 
 
@@ -97,7 +97,8 @@ class MergeTasks:
                         raw=original_text(df))
 
     def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
-            horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[MergeBatch]:
+            horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None],
+            late_raised: Mapping[int, int] | None = None) -> BatchRun[MergeBatch]:
         """Load the rows (one join), run user code, materialize once; count what it did."""
         from pyspark.sql import functions as F
 
@@ -105,7 +106,7 @@ class MergeTasks:
         out = run_in_tasks(self.spark, self.layout, comp, prepared.input, intervals=owner.intervals,
                            input_watermark_ms=wm_in, record_watermark_ms=wm_late, now_ms=now,
                            dedup_horizon_ms=horizon, partitions=self.partitions, sequencers=owner.sequencers,
-                           commit_id=commit_id)
+                           commit_id=commit_id, late_raised=late_raised)
         try:
             out = out.localCheckpoint(eager=True)
         except Exception as exc:

@@ -3,7 +3,7 @@ captures only plain values, never the session, the store or ZooKeeper clients.""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import CodecError
@@ -24,8 +24,11 @@ OUT_DDL = (rows_schema_ddl().replace(" NOT NULL", "") + f", _op STRING, new_prod
 
 
 def task_fn(comp: Computation, wm: int | None, now: int, horizon: int | None, arrow_schema: Any,
-            sequencers: dict[int, int], commit_id: str, *, wm_late: int | None) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The ``mapInArrow`` function: each key's records and row to its output row (:data:`OUT_DDL`)."""
+            sequencers: dict[int, int], commit_id: str, *, wm_late: int | None,
+            late_raised: Mapping[int, int] | None = None) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The ``mapInArrow`` function: each key's records and row to its output row (:data:`OUT_DDL`);
+    ``late_raised``: intervals whose records are judged against a line above ``wm_late``."""
+    raised = dict(late_raised or {})
     name = comp.name
 
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
@@ -35,7 +38,8 @@ def task_fn(comp: Computation, wm: int | None, now: int, horizon: int | None, ar
 
         freeze_spark_zips()
         for b in batches:
-            out = [_one_key(comp, name, r, (wm, wm_late), now, horizon, sequencers, commit_id)
+            out = [_one_key(comp, name, r, (wm, raised.get(int(r["interval"]), wm_late)), now, horizon, sequencers,
+                            commit_id, raised=int(r["interval"]) in raised)
                    for r in b.to_pylist()]
             yield pa.RecordBatch.from_pylist(out, schema=arrow_schema)
 
@@ -43,7 +47,7 @@ def task_fn(comp: Computation, wm: int | None, now: int, horizon: int | None, ar
 
 
 def _one_key(comp: Computation, name: str, r: dict[str, Any], wms: tuple[int | None, int | None], now: int,
-             horizon: int | None, sequencers: dict[int, int], commit_id: str) -> dict[str, Any]:
+             horizon: int | None, sequencers: dict[int, int], commit_id: str, *, raised: bool = False) -> dict[str, Any]:
     key, iv = r["key"], int(r["interval"])
     row = None
     cleared = False
@@ -54,6 +58,10 @@ def _one_key(comp: Computation, name: str, r: dict[str, Any], wms: tuple[int | N
     records: list[Record] = []
     dead: list[dict[str, Any]] = []
     recs = r.get("recs") or ()
+    if raised and wms[1] is not None:  # the interval is ahead of the batch's line: judged by its own
+        line = wms[1]
+        recs = [{**x, "late": bool(x["late"]) or (x["timestamp_ms"] is not None and x["timestamp_ms"] < line)}
+                for x in recs]
     routed: list[dict[str, Any]] = []
     if comp.late_policy is LatePolicy.ROUTE and any(x["late"] for x in recs):
         # dedup first: a late retry of a record run on time is a duplicate, not late data

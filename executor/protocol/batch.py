@@ -182,7 +182,7 @@ class BatchProtocol:
             computations = None
         acted = ActedMark(batch_id=batch_id if df is not None else None, late_ms=wm_late, input_ms=wm_in,
                           intervals=tuple(sorted(self.ex.owner.intervals)), computations_ms=computations,
-                          raised=raised)
+                          raised=raised, query=self._query())
         return BatchState(batch_id=batch_id, df=df, started=started, now=now, wm_in=wm_in, wm_late=wm_late,
                           late_raised=raised,
                           acted=acted, horizon=horizon, commit_id=f"{comp.name}:{batch_id}:{now}",
@@ -203,6 +203,11 @@ class BatchProtocol:
             ex.shared.done = {iv: fs for iv, fs in sets.items() if iv in held}
             ex.shared.recorded = frozenset().union(*sets.values())  # every interval's: the catch-up's pruned rule
 
+    def _query(self) -> str | None:
+        """The query the batches come from, when instances share the intervals (each has its own)."""
+        shared = self.ex.shared
+        return None if shared is None else shared.checkpoint
+
     def _lateness(self, df: Any | None, batch_id: int,
                   wm_in: int | None) -> tuple[int | None, int | None, int | None, dict[int, int]]:
         """(lateness watermark, input watermark, upstream computations' part, the intervals judged
@@ -213,8 +218,7 @@ class BatchProtocol:
         m = self.acted
         wms = self.watermarks
         held = set(self.ex.owner.intervals)
-        if not self.catching_up and m is not None and df is not None and m.batch_id == batch_id \
-                and held <= set(m.intervals):
+        if not self.catching_up and m is not None and df is not None and m.replayed_by(batch_id, held, self._query()):
             return m.late_ms, m.input_ms, m.computations_ms, {iv: ms for iv, ms in m.raised.items() if iv in held}
         late, raised = judged({iv: self.lines.get(iv) for iv in held})
         if self.catching_up:  # its backlog is behind the injectors' watermarks, and not late

@@ -35,6 +35,7 @@ class ActedMark:
     computations_ms: int | None = None
     # intervals whose own line is above ``acted_ms`` (taken over from a holder further ahead)
     raised: Mapping[int, int] = field(default_factory=dict)
+    query: str | None = None  # the checkpoint of the query whose batch it was (instances sharing intervals)
 
     @property
     def acted_ms(self) -> int | None:
@@ -54,7 +55,8 @@ class ActedMark:
                        "input_ms": self.input_ms, "intervals": list(self.intervals),
                        "injectors": dict(sorted(self.injectors.items())),
                        "computations_ms": self.computations_ms,
-                       **({"raised": {str(i): ms for i, ms in sorted(self.raised.items())}} if self.raised else {})}}
+                       **({"raised": {str(i): ms for i, ms in sorted(self.raised.items())}} if self.raised else {}),
+                       **({"query": self.query} if self.query is not None else {})}}
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> ActedMark:
@@ -68,7 +70,19 @@ class ActedMark:
                    intervals=tuple(int(i) for i in m.get("intervals") or ()),
                    injectors={str(k): int(v) for k, v in (m.get("injectors") or {}).items()},
                    computations_ms=opt(m.get("computations_ms")),
-                   raised={int(i): int(ms) for i, ms in (m.get("raised") or {}).items()})
+                   raised={int(i): int(ms) for i, ms in (m.get("raised") or {}).items()},
+                   query=None if m.get("query") is None else str(m["query"]))
+
+    def replayed_by(self, batch_id: int, held: Iterable[int], query: str | None) -> bool:
+        """Whether batch ``batch_id`` of ``query`` on intervals ``held`` is Spark's replay of this mark's
+        batch: the same query's batch id, and the mark the newest of every held interval. Instances
+        sharing intervals number their batches apart, so another query's batch of the same id is not.
+
+        >>> m = ActedMark(batch_id=44, late_ms=5, input_ms=9, intervals=(0, 1), query="chk/a")
+        >>> m.replayed_by(44, [0, 1], "chk/a"), m.replayed_by(44, [0, 1], "chk/b"), m.replayed_by(44, [0, 2], "chk/a")
+        (True, False, False)
+        """
+        return self.batch_id == batch_id and self.query == query and set(held) <= set(self.intervals)
 
 
 def _mark_of(user_metadata: str | None, computation: str, intervals: set[int]) -> ActedMark | None:

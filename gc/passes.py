@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.rowtable.fencing import on_conflict_again
+from deltawheel.statestore.rowtable.fencing import is_conflict, on_conflict_again
 from deltawheel.statestore.writepath.streams import list_streams
 
 from .exceptions import ReplayHorizonError, RetentionError, VacuumRetentionError
@@ -172,7 +172,14 @@ class _Run:
             self.step(f"{'compacting' if self.apply else 'counting the files of'} {name}")
             files = self.spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["numFiles"]
             if self.apply:  # again when a concurrent commit made Delta refuse it
-                on_conflict_again(partial(self.spark.sql, f"OPTIMIZE delta.`{path}`"))
+                try:
+                    on_conflict_again(partial(self.spark.sql, f"OPTIMIZE delta.`{path}`"))
+                except Exception as exc:  # a live pipeline won every attempt: the next run tries again
+                    if not is_conflict(exc):
+                        raise
+                    self.actions.append(GcAction("compact", name, f"skipped: a concurrent commit won each attempt "
+                                                 f"({type(exc).__name__}); the next gc tries again", 0))
+                    continue
             self.actions.append(GcAction("compact", name, f"{files} files before OPTIMIZE", int(files)))
         for name, path in self.tables:
             self.step(f"checking the recorded paths of {name}")

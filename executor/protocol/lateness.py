@@ -123,9 +123,8 @@ def judged(lines: Mapping[int, int | None]) -> tuple[int | None, dict[int, int]]
     return base, {iv: v for iv, v in sorted(lines.items()) if v is not None and (base is None or v > base)}
 
 
-def newest_marks(spark: Any, rows_path: str, computation: str, intervals: Iterable[int], *,
-                 first_only: bool = False) -> list[ActedMark]:
-    """Newest first, the marks that are the newest of one of ``intervals`` (``first_only``: one)."""
+def newest_marks(spark: Any, rows_path: str, computation: str, intervals: Iterable[int]) -> list[ActedMark]:
+    """Newest first, the marks that are the newest of one of ``intervals``."""
     owned = set(intervals)
     left = set(owned)
     found: list[ActedMark] = []
@@ -136,7 +135,7 @@ def newest_marks(spark: Any, rows_path: str, computation: str, intervals: Iterab
         if mark is not None and left & set(mark.intervals):
             found.append(mark)
             left.difference_update(mark.intervals)
-        return mark is not None and (first_only or not left)
+        return mark is not None and not left
 
     files = table_files(spark, rows_path)
     if files is not None:

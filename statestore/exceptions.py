@@ -275,7 +275,8 @@ class ObjectStoreError(FatalError):
 
 
 class ObjectStoreUnreachableError(RetryableError):
-    """No object store answers at the configured endpoint (down, wrong host or port)."""
+    """No object store answers at the configured endpoint (down, wrong host or port), or it failed a
+    request with a server error (HTTP 5xx)."""
 
     exit_code = 5
 

@@ -325,7 +325,7 @@ def exits_note(exits: list[DriverExit], driver: str, watched_s: float) -> str:
 #: The exit codes a driver may stop with under these faults: 4 (a lease lost or held elsewhere),
 #: 9 (a failed batch, a conflict).
 EXPECTED_EXITS = (4, 9)
-#: On an object-store run also 5 with this error: a driver started while S3Proxy is down.
+#: On an object-store run also 5 with this error: a driver that found S3Proxy down.
 UNREACHABLE = "ObjectStoreUnreachableError"
 
 

@@ -94,16 +94,17 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"deltawheel {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # a full disk or a lost ZooKeeper connection anywhere is typed too
-        err = exc if isinstance(exc, DeltaWheelError) else _typed(exc)
+        err = exc if isinstance(exc, DeltaWheelError) else _typed(exc, getattr(args, "store", None))
         if err is None:
             raise
         print(f"deltawheel {args.command}: {type(err).__name__}: {err}", file=sys.stderr)
         return exit_code(err)
 
 
-def _typed(exc: Exception) -> DeltaWheelError | None:
-    """The typed error of a full disk (exit 9) or of ZooKeeper's session or connection lost (exit 4)
-    under any call, Python's or the JVM's; None: another error (a traceback)."""
+def _typed(exc: Exception, store: object) -> DeltaWheelError | None:
+    """The typed error of a full disk (exit 9), of ZooKeeper's session or connection lost (exit 4) or
+    of an ``s3a://`` ``store``'s object store failing (exit 5) under any call, Python's or the JVM's;
+    None: another error (a traceback)."""
     from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 
     cause = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
@@ -115,5 +116,9 @@ def _typed(exc: Exception) -> DeltaWheelError | None:
     if isinstance(exc, SessionExpiredError):  # ConnectionClosedError too: the session is gone for good
         return LeaseLostError(f"the ZooKeeper session expired ({cause}): its leases are gone; run the command "
                               "again (it takes them back)")
+    if isinstance(store, str) and store.startswith("s3a://"):
+        from deltawheel.statestore.objectstore.errors import store_failure
+
+        return store_failure(exc, store)
     return None
 

@@ -13,6 +13,7 @@ from typing import Any, Collection
 from ..codecs import get_codec
 from ..exceptions import CodecError, ConfigError, NotAStoreError, ReplayUnavailableError
 from ..layout import StoreLayout
+from ..objectstore.errors import raise_store_failure
 from ..rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
 
 __all__ = ["StoreDiff", "diff_stores", "format_diff", "SAMPLE"]
@@ -65,6 +66,7 @@ def _read(spark: Any, path: str, version: int | None, what: str) -> Any:
     try:
         return reader.load(path)
     except Exception as exc:  # AnalysisException / Delta's VersionNotFound
+        raise_store_failure(exc, path)
         text = str(exc).splitlines()[0][:300]
         if version is not None and ("version" in text.lower() or "VERSION" in text):
             raise ReplayUnavailableError(f"{what}: version {version} of {path} is not available ({text}); "
@@ -159,7 +161,8 @@ def _productions(spark: Any, layout: StoreLayout, computation: str, streams: Col
     for s in sorted(streams):
         try:
             df = spark.read.format("delta").load(layout.stream(s))
-        except Exception:  # no such stream table in this store: nothing delivered to it
+        except Exception as exc:  # no such stream table in this store: nothing delivered to it
+            raise_store_failure(exc, layout.stream(s))
             continue
         df = scope.of(df.where(F.col("producer") == computation), by_interval_column=False)
         if batch_ids is not None:

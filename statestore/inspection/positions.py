@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 from ..delta.log import user_metadata
 from ..exceptions import NotAStoreError, ReplayUnavailableError
 from ..layout import StoreLayout
+from ..objectstore.errors import raise_store_failure
 from ..rowtable.inputfiles import entry_of, kafka_of
 
 __all__ = ["ComputationCommit", "ToolChange", "computation_commits", "commits_since", "replay_horizon", "position_at",
@@ -62,6 +63,7 @@ def _history(spark: Any, layout: StoreLayout) -> list[Any]:
         return sorted(spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}`")
                       .select("version", "timestamp", "userMetadata").collect(), key=lambda r: r["version"])
     except Exception as exc:  # Spark's AnalysisException: not a Delta table
+        raise_store_failure(exc, layout.root)
         raise NotAStoreError(f"{layout.root} has no rows table ({layout.rows}): not a deltawheel store, or not "
                              f"migrated yet; check --store ({str(exc).splitlines()[0][:200]})") from exc
 

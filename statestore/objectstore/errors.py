@@ -14,7 +14,7 @@ from ..exceptions import (
 from ..layout import StoreLayout
 from .s3a import bucket_of
 
-__all__ = ["translate", "probe_store", "pyarrow_error", "check_bucket"]
+__all__ = ["translate", "probe_store", "pyarrow_error", "check_bucket", "store_failure", "raise_store_failure"]
 
 _UNREACHABLE = ("java.net.ConnectException", "java.net.UnknownHostException", "java.net.NoRouteToHostException",
                 "java.net.SocketTimeoutException", "org.apache.http.conn.HttpHostConnectException",
@@ -22,6 +22,7 @@ _UNREACHABLE = ("java.net.ConnectException", "java.net.UnknownHostException", "j
 _MISSING = ("org.apache.hadoop.fs.s3a.UnknownStoreException",
             "software.amazon.awssdk.services.s3.model.NoSuchBucketException")
 _DENIED = ("java.nio.file.AccessDeniedException",)
+_FAILED = ("org.apache.hadoop.fs.s3a.AWSStatus500Exception", "org.apache.hadoop.fs.s3a.AWSServiceThrottledException")
 
 
 def _chain(exc: BaseException) -> list[tuple[str, str]]:
@@ -38,7 +39,7 @@ def _chain(exc: BaseException) -> list[tuple[str, str]]:
 
 
 def _typed(kind: str, uri: str, detail: str, *, spark: bool) -> DeltaWheelError:
-    """The error of ``kind`` (``missing``, ``denied``, ``unreachable``) for ``uri``, naming the
+    """The error of ``kind`` (``missing``, ``denied``, ``unreachable``, ``failed``) for ``uri``, naming the
     settings to fix: Spark's Hadoop settings (``spark``), else deltawheel's environment variables."""
     bucket = bucket_of(uri) or "?"
     if kind == "missing":
@@ -51,6 +52,9 @@ def _typed(kind: str, uri: str, detail: str, *, spark: bool) -> DeltaWheelError:
         return ObjectStoreAuthError(
             f"the object store refused the credentials for {uri} ({detail}): set {keys} to the store's identity "
             "and credential ('deltawheel objectstore status' prints the local server's)")
+    if kind == "failed":
+        return ObjectStoreUnreachableError(f"the object store failed a request for {uri} with a server error "
+                                           f"({detail}); run the command again once it serves")
     endpoint = f"fs.s3a.endpoint (or fs.s3a.bucket.{bucket}.endpoint)" if spark else "$DELTAWHEEL_S3_ENDPOINT"
     return ObjectStoreUnreachableError(f"no object store answers for {uri} ({detail}): start it ('deltawheel "
                                        f"objectstore start' for the local server) or fix {endpoint}")
@@ -67,6 +71,8 @@ def translate(exc: BaseException, uri: str) -> DeltaWheelError | None:
         return _typed("denied", uri, "HTTP 403", spark=True)
     if any(c in _UNREACHABLE for c in classes) or "Unable to execute HTTP request" in text:
         return _typed("unreachable", uri, chain[-1][1] if chain else text[:200], spark=True)
+    if any(c in _FAILED for c in classes) or any(f"Status Code: {n}" in text for n in (500, 502, 503)):
+        return _typed("failed", uri, text[:200], spark=True)
     return None
 
 
@@ -96,14 +102,18 @@ def probe_store(spark: Any, layout: StoreLayout) -> None:
 # pyarrow's S3 errors name the AWS error kind ("AWS Error ACCESS_DENIED during ListObjectsV2 ...")
 _PA_KINDS = {"missing": ("NO_SUCH_BUCKET", "NoSuchBucket"),
              "denied": ("ACCESS_DENIED", "SIGNATURE_DOES_NOT_MATCH", "INVALID_ACCESS_KEY_ID", "AccessDenied"),
-             "unreachable": ("NETWORK_CONNECTION", "Couldn't connect", "curlCode", "UNKNOWN (HTTP status 0)")}
+             "unreachable": ("NETWORK_CONNECTION", "Couldn't connect", "curlCode", "UNKNOWN (HTTP status 0)"),
+             "failed": ("INTERNAL_FAILURE", "SERVICE_UNAVAILABLE", "SLOW_DOWN")}
+
+
+def _pa_kind(text: str) -> str | None:
+    return next((k for k, marks in _PA_KINDS.items() if any(m in text for m in marks)), None)
 
 
 def pyarrow_error(exc: OSError, root: str) -> DeltaWheelError:
     """The typed error for an object store that failed a read of ``root`` (pyarrow's ``OSError``)."""
     text = str(exc)
-    kind = next((k for k, marks in _PA_KINDS.items() if any(m in text for m in marks)), None)
-    if kind is None:
+    if (kind := _pa_kind(text)) is None:
         return ObjectStoreError(f"reading {root} failed: {text}; check that the object store answers and "
                                 "$DELTAWHEEL_S3_ENDPOINT and its keys ('deltawheel objectstore status')")
     return _typed(kind, root, text[:200], spark=False)
@@ -120,3 +130,19 @@ def check_bucket(files: Any, root: str) -> None:
         raise pyarrow_error(exc, root) from exc
     if missing:
         raise _typed("missing", root, "", spark=False)
+
+
+def store_failure(exc: BaseException, uri: str) -> DeltaWheelError | None:
+    """The typed error for ``exc`` if the object store of ``uri`` failed under it, through Spark's
+    JVM or pyarrow, at any step of a command (None: another error)."""
+    typed = translate(exc, uri)
+    if typed is None and isinstance(exc, OSError) and (kind := _pa_kind(str(exc))) is not None:
+        typed = _typed(kind, uri, str(exc)[:200], spark=False)
+    return typed
+
+
+def raise_store_failure(exc: BaseException, uri: str) -> None:
+    """Raise :func:`store_failure`'s typed error when there is one, so that a caller turning a failed
+    read into "no such table" does not say so of a store that did not answer."""
+    if uri.startswith("s3a://") and (typed := store_failure(exc, uri)) is not None:
+        raise typed from exc

@@ -17,7 +17,7 @@ from .bank import CLOSING_PREFIX, STREAMS, WINDOW_MS
 
 __all__ = ["Violation", "FaultRecord", "CheckResult", "check_run", "read_stream", "stream_commits",
            "complete", "reference_legs", "DriverExit", "EXPECTED_EXITS", "UNREACHABLE", "exit_violations",
-           "exits_note", "recheck"]
+           "exits_note", "recheck", "traceback_violations"]
 
 MAX_SNAPSHOTS = 80  # versions of ``changes`` read for the bank invariant (evenly spread, the last included)
 MAX_KEYS = 8  # keys named per violation
@@ -335,6 +335,11 @@ def exit_violations(exits: list[DriverExit], *, object_store: bool = False) -> l
             if e.code not in EXPECTED_EXITS and not (object_store and e.code == 5 and e.error.startswith(UNREACHABLE))]
 
 
+def traceback_violations(tracebacks: list[str]) -> list[Violation]:
+    """A tool that ended with a traceback: every failure a tool meets under these faults has a typed error."""
+    return [Violation("tool-traceback", t) for t in tracebacks]
+
+
 def recheck(data: Path, *, bound_s: float = 600.0) -> tuple[dict[str, Any], CheckResult]:
     """The check of an earlier run's folder (its input, streams and ``faults.json``) again.
 
@@ -349,4 +354,5 @@ def recheck(data: Path, *, bound_s: float = 600.0) -> tuple[dict[str, Any], Chec
                        end=saved["phases"].get("drained"))
     result.violations += exit_violations([DriverExit(**e) for e in saved.get("exits", [])],
                                          object_store=bool(saved.get("object_store")))
+    result.violations += traceback_violations(saved.get("tracebacks", []))
     return saved, result

@@ -78,6 +78,7 @@ class ChaosRun:
     left_out: dict[str, str] = field(default_factory=dict)  # kind -> why it is not among them
     exits: list[checker.DriverExit] = field(default_factory=list)  # drivers that stopped by themselves
     tools: dict[str, list[int]] = field(default_factory=dict)
+    tracebacks: list[str] = field(default_factory=list)  # tools that ended with one, not a typed error
     files: int = 0
     drained: bool = False
     result: checker.CheckResult | None = None
@@ -192,6 +193,7 @@ class _Harness:
         with open(self.logs / f"tool-{name}.log", "ab") as out, self.lock:
             if self.stopping.is_set():
                 return -1
+            start = out.tell()
             proc = subprocess.Popen(self.cli(*args), stdout=out, stderr=subprocess.STDOUT, env=self.env(),
                                     start_new_session=True)
             die_with(os.getpid(), proc.pid)
@@ -201,8 +203,14 @@ class _Harness:
         except subprocess.TimeoutExpired:  # recorded as killed: the run goes on
             os.killpg(proc.pid, signal.SIGKILL)
             rc = proc.wait(timeout=60)
+        with open(self.logs / f"tool-{name}.log", "rb") as log:
+            log.seek(start)
+            told = log.read().decode(errors="replace")
         with self.lock:
             self.run.tools.setdefault(name, []).append(rc)
+            if "Traceback (most recent call last)" in told:
+                last = [ln for ln in told.splitlines() if ln.strip() and not ln.startswith(("\t", " "))]
+                self.run.tracebacks.append(f"{name} rc {rc}: {(last or [''])[-1][:200]}")
         return rc
 
     def skip(self, f: PlannedFault, reason: str) -> None:
@@ -445,7 +453,7 @@ def _save(run: ChaosRun, store: Path) -> None:
     (data / "faults.json").write_text(json.dumps({
         "seed": run.settings.seed, "store": str(store.relative_to(data)),
         "object_store": run.settings.object_store, "phases": run.phases, "files": run.files,
-        "drained": run.drained, "tools": run.tools,
+        "drained": run.drained, "tools": run.tools, "tracebacks": run.tracebacks,
         "faults": [asdict(f) for f in run.faults], "kinds": run.kinds, "left_out": run.left_out,
         "skipped": [{**asdict(f), "reason": why} for f, why in run.skipped],
         "exits": [asdict(e) for e in run.exits]}, indent=2) + "\n")
@@ -481,4 +489,5 @@ def run_chaos(settings: ChaosSettings, *, say: Callable[[str], None] = print) ->
     run.result = checker.check_run(h.store, h.input, run.faults, bound_s=settings.bound_s,
                                    end=run.phases.get("drained"))
     run.result.violations += checker.exit_violations(run.exits, object_store=settings.object_store)
+    run.result.violations += checker.traceback_violations(run.tracebacks)
     return run

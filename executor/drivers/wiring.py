@@ -158,9 +158,8 @@ def migrate_store(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str
 
 def record_held(authority: WatermarkAuthority, injectors: Sequence[Injector], *, instance: str, comp: Computation,
                 sequencers: Mapping[int, int]) -> None:
-    """Record, beside ``instance``'s estimate of each injector feeding ``comp``, the intervals it holds
-    now (interval -> sequencer; ``{}``: none); those it let go hold the watermark back until a later
-    owner caught up on them (``statestore/zk/watermarks/low.py``, ``instances_low``)."""
+    """Record, beside ``instance``'s estimate of each injector feeding ``comp``, the intervals it holds now
+    (interval -> sequencer; ``{}``: none): those it let go hold the watermark back until caught up on."""
     for inj in injectors:
         if inj.name in comp.inputs:
             authority.record_held(inj.name, instance, {comp.name: dict(sequencers)})

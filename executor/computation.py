@@ -120,9 +120,8 @@ class Computation:
     state_version: ClassVar[int] = 1
 
     def upgrade_state(self, state: Any, from_version: int) -> Any:
-        """Turn ``state`` of ``state_version`` ``from_version`` into the current shape (None: no state);
-        called once per key when a batch first runs it after the version changed. If it raises, the
-        error policy applies. Default: raise."""
+        """Turn ``state`` of ``state_version`` ``from_version`` into the current shape (None: no state),
+        once per key; if it raises, the error policy applies. Default: raise."""
         raise NotImplementedError(f"{self.name} declares state_version {self.state_version} but no upgrade_state "
                                   f"for state of version {from_version}; define upgrade_state(self, state, "
                                   f"from_version)")
@@ -131,9 +130,8 @@ class Computation:
         """Handle one record of ``ctx.key``. Default: do nothing."""
 
     def process_records(self, ctx: "Context", records: list[Record]) -> None:
-        """Handle all of ``ctx.key``'s new records of one batch at once (optional): called once per key
-        and batch, before its due timers, in event-time order, instead of ``process_record`` (the
-        default calls it per record)."""
+        """Handle ``ctx.key``'s new records of one batch in one call, in event-time order, before its due
+        timers (optional; the default calls ``process_record`` per record)."""
         for r in records:
             self.process_record(ctx, r)
 

@@ -84,8 +84,7 @@ class InputSchemaError(ConfigError):
 
 
 class InputFileError(ConfigError):
-    """An input file cannot be read at all (truncated, corrupt, not Parquet): retrying cannot help.
-    :meth:`from_task` finds it, with the file's path, in a failed task's text."""
+    """An input file cannot be read at all (truncated, corrupt, not Parquet): retrying cannot help."""
 
     ADVICE = ("the batch was not committed. The file is truncated or is not a Parquet file: write it again whole under "
               "the same name (or, to leave its records out, a Parquet file of the injector's schema without rows), "
@@ -100,7 +99,7 @@ class InputFileError(ConfigError):
 
 class KafkaDataLossError(ConfigError):
     """Records of a Kafka batch's offset range are no longer in the topic (retention or a recreated topic),
-    with the injector's ``failOnDataLoss`` on (Spark's default). :meth:`from_task` finds it in a task's text."""
+    with the injector's ``failOnDataLoss`` on (Spark's default)."""
 
     @staticmethod
     def from_task(text: str) -> str | None:

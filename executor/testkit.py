@@ -9,13 +9,15 @@ import tempfile
 from typing import Any, Iterable, NamedTuple
 
 from deltawheel.statestore.delta.jvm import require_classic_session
-from deltawheel.statestore.rowtable.rows import KeyRow, Timer, interval_of
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rowtable.rows import Timer, interval_of
 from deltawheel.statestore.zk.watermarks import END_OF_TIME
 
 from .computation import RECORD_KEY, Computation, LatePolicy, Record, key_or_reason
 from .context import TTL_TAG
 from .exceptions import WindowingError
 from .tasks.usercode.keyrun import codec_of, run_key
+from .windowing.harness import DeltaRows, MemoryRows
 
 __all__ = ["ComputationTester", "Output"]
 
@@ -30,68 +32,6 @@ class Output(NamedTuple):
     value: Any
     timestamp_ms: int
     production_id: str
-
-
-class _MemoryRows:
-    def __init__(self) -> None:
-        self.rows: dict[str, KeyRow] = {}
-
-    def load(self, key: str) -> KeyRow | None:
-        return self.rows.get(key)
-
-    def save(self, key: str, row: KeyRow | None) -> None:
-        if row is None:
-            self.rows.pop(key, None)
-        else:
-            self.rows[key] = row
-
-    def keys(self) -> list[str]:
-        return sorted(self.rows)
-
-    def commit(self) -> None:
-        pass
-
-
-class _DeltaRows(_MemoryRows):
-    """The computation's rows in a Delta store: read once, every call's changes committed fenced."""
-
-    def __init__(self, spark: Any, store: str | None, comp: Computation) -> None:
-        import deltawheel.migrations as migrations
-        from deltawheel.statestore.layout import StoreLayout
-        from deltawheel.statestore.rowtable.store import RowStore
-
-        require_classic_session(spark)
-        self.layout = StoreLayout(store or tempfile.mkdtemp(prefix="dw-tester-"))
-        migrations.apply(spark, self.layout, dry_run=False)
-        self.comp = comp
-        self.n = type(comp).num_intervals
-        self.store = RowStore(spark, self.layout, writer="tester")
-        fences = self.store.fences(comp.name)
-        self.seqs = {iv: fences.get(iv, 0) + 1 for iv in range(self.n)}  # take every interval over
-        self.store.fence(comp.name, self.seqs)
-        self.reread()
-        self.puts: dict[str, KeyRow] = {}
-        self.dels: set[str] = set()
-
-    def save(self, key: str, row: KeyRow | None) -> None:
-        if row is None:
-            if self.rows.pop(key, None) is not None:
-                self.dels.add(key)
-            self.puts.pop(key, None)
-        else:
-            self.rows[key] = self.puts[key] = row
-            self.dels.discard(key)
-
-    def commit(self) -> None:
-        if self.puts or self.dels:
-            self.store.commit(self.comp.name, list(self.puts.values()), sequencers=self.seqs,
-                              deletes=[(interval_of(k, self.n), k) for k in sorted(self.dels)],
-                              num_intervals=self.n)
-        self.puts.clear()
-        self.dels.clear()
-
-    def reread(self) -> None:
-        self.rows = {r.key: r for r in self.store.scan_intervals(self.comp.name, range(self.n))}
 
 
 class ComputationTester:
@@ -122,7 +62,12 @@ class ComputationTester:
         for warning in computation.start_warnings():  # as the executor warns at its start
             _LOG.warning("%s", warning)
         self.computation = computation
-        self._rows: _MemoryRows | _DeltaRows = _MemoryRows() if spark is None else _DeltaRows(spark, store, computation)
+        self._rows: MemoryRows | DeltaRows = MemoryRows()
+        if spark is not None:
+            require_classic_session(spark)
+            layout = StoreLayout(store or tempfile.mkdtemp(prefix="dw-tester-"))
+            n = type(computation).num_intervals
+            self._rows = DeltaRows(spark, layout, computation.name, n, writer="tester")
         self.codec = codec_of(computation)
         self.watermark_ms: int | None = None
         self.now_ms = now_ms
@@ -137,7 +82,7 @@ class ComputationTester:
     @property
     def store(self) -> str | None:
         """The Delta store's folder (None in memory)."""
-        return self._rows.layout.root if isinstance(self._rows, _DeltaRows) else None
+        return self._rows.layout.root if isinstance(self._rows, DeltaRows) else None
 
     def add(self, value: Any, *, event_time_ms: int, stream: str | None = None, key: str | None = None,
             record_id: str | None = None) -> None:
@@ -238,7 +183,7 @@ class ComputationTester:
 
     def reload(self) -> None:
         """With a Delta store: read the rows back from the table (what a restarted executor sees)."""
-        if isinstance(self._rows, _DeltaRows):
+        if isinstance(self._rows, DeltaRows):
             self._rows.reread()
 
     def _run(self, key: str, records: list[Record]) -> None:

@@ -174,9 +174,8 @@ class ContinuousRun:
         return self.stop()
 
     def drain(self) -> RunSummary:
-        """The input has ended: run every stage to the end of its input (``drain.py``); returns the summary.
-        Raises ConfigError (an instance sharing its intervals, a run of only some computations) or a
-        batch's own typed DeltaWheelError."""
+        """The input has ended: run every stage to the end of its input; returns and raises as
+        :func:`.drain.drain`."""
         from .drain import drain
 
         return drain(self)

@@ -21,6 +21,7 @@ from deltawheel.servers.embedded import ensure_zookeeper
 
 from ..computation import RECORD_KEY, Computation
 from ..protocol.executor import ComputationExecutor
+from ..protocol.hooks import InjectorHook
 from ..protocol.host import BatchInputs
 from ..protocol.reports import BatchReport
 from ..sources.injector import Injector, publish_watermark
@@ -29,7 +30,7 @@ from .inputs import StageInput, event_bounds, query_of, with_offset_log
 from .pipeline import Pipeline, RunSummary
 from .runner import PipelineRunner
 from .triggers import Trigger
-from .wiring import injector_hook, migrate_store, open_client, wire
+from .wiring import migrate_store, open_client, wire
 
 __all__ = ["connect", "Engine"]
 
@@ -129,7 +130,7 @@ class Engine:
         items = _listed(upstream)
         feeding = [u for u in items if not isinstance(u, str)]
         names = sorted({u if isinstance(u, str) else f"injector:{u.name}" for u in items})
-        hook = injector_hook(self.authority, feeding, checkpoint=checkpoint) if feeding else None
+        hook = InjectorHook(self.authority, feeding, checkpoint=checkpoint) if feeding else None
         options["progress"] = _lines(options.get("progress", self.progress))
         if "event_ahead_ms" not in options and any(inj.name in computation.inputs for inj in feeding):
             options["event_ahead_ms"] = event_bounds(computation, {inj.name: inj for inj in feeding})

@@ -218,9 +218,7 @@ def close_gap(fetch: Callable[[], Sequence[ComputationCommit]], reached: Callabl
               catch_up: Callable[[Sequence[ComputationCommit]], None], *, near: int = 1,
               rounds: int = 5) -> list[int]:
     """Catch up on the live commits past ``reached()`` while more than ``near`` are behind and fewer
-    than in the round before; returns each round's count. The live stage keeps committing meanwhile;
-    what is left is caught up under the leases, while it pauses: at most one round's worth, or the
-    whole gap if the live stage outruns the replay."""
+    than in the round before (the live stage keeps committing meanwhile); returns each round's count."""
     done: list[int] = []
     while len(done) < rounds:
         todo = behind(fetch(), reached())

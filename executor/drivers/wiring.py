@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from deltawheel.migrations import PlannedMigration
 
 __all__ = ["positions_recorder", "shared_positions", "Wiring", "wire", "open_client", "open_client_planned",
-           "migrate_store", "injector_hook", "record_held"]
+           "migrate_store", "record_held"]
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ class Wiring:
         injectors = {i.name: i for i in pipeline.injectors}
         feeding = [injectors[s] for s in computation.inputs if s in injectors]
         held = None if instance is None else lambda: {computation.name: dict(caught or {})}
-        hook = injector_hook(self.authority, feeding, checkpoint=checkpoint, instance=instance,
-                             held=held) if feeding else None
+        hook = InjectorHook(self.authority, feeding, checkpoint=checkpoint, instance=instance,
+                            held=held) if feeding else None
         if instance is None:  # each commit records its batch's input files (replay); inputs without files: none
             options["positions"] = positions_recorder(computation, injectors, layout=layout, checkpoint=checkpoint,
                                                       spark=spark)
@@ -156,20 +156,10 @@ def migrate_store(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str
                                   planned=planned)
 
 
-def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *, checkpoint: str | None,
-                  instance: str | None = None,
-                  held: Callable[[], Mapping[str, Mapping[int, int]]] | None = None,
-                  ) -> InjectorHook:
-    """The ``on_batch_end`` hook publishing ``feeding``'s watermarks after each micro-batch; ConfigError
-    when an injector estimates from its pending files (``watermark_percentile``) without a ``checkpoint``."""
-    return InjectorHook(authority, feeding, checkpoint=checkpoint, instance=instance, held=held)
-
-
 def record_held(authority: WatermarkAuthority, injectors: Sequence[Injector], *, instance: str, comp: Computation,
                 sequencers: Mapping[int, int]) -> None:
-    """Record, beside ``instance``'s estimate of each injector feeding ``comp``, the intervals it holds
-    now (interval -> sequencer; ``{}``: none); those it let go hold the watermark back until a later
-    owner caught up on them (``statestore/zk/watermarks/low.py``, ``instances_low``)."""
+    """Record, beside ``instance``'s estimate of each injector feeding ``comp``, the intervals it holds now
+    (interval -> sequencer; ``{}``: none): those it let go hold the watermark back until caught up on."""
     for inj in injectors:
         if inj.name in comp.inputs:
             authority.record_held(inj.name, instance, {comp.name: dict(sequencers)})

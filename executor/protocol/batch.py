@@ -1,10 +1,6 @@
-"""The per-batch protocol: :class:`BatchProtocol` runs DESIGN's seven steps on one micro-batch.
-
-The body's ``# Step N`` comments number them: leases, dedup, load, user code (steps 2-4 in Spark
-tasks, ``tasks/job.py``), fenced commit, delivery, watermarks. Steps 3-5 rerun, at most
-:data:`STALE_VIEW_ATTEMPTS` times, while the write path's view of the rows is stale; open deliveries
-hold the low watermark and are settled before the next commit. A crash anywhere followed by a
-restart gives the same rows and stream records as a run without it."""
+"""The per-batch protocol: :class:`BatchProtocol` runs DESIGN's seven steps (the ``# Step N`` comments)
+on one micro-batch; steps 3-5 rerun while the write path's view of the rows is stale.
+docs/exactly-once.md."""
 
 from __future__ import annotations
 
@@ -211,10 +207,7 @@ class BatchProtocol:
     def _lateness(self, df: Any | None, batch_id: int,
                   wm_in: int | None) -> tuple[int | None, int | None, int | None, dict[int, int]]:
         """(lateness watermark, input watermark, upstream computations' part, the intervals judged
-        against a higher line); a replay's as first run. Each interval is judged against its own newest
-        mark: intervals taken over from holders that acted on different watermarks keep theirs (the
-        newest of all would drop the backlog of an interval behind as late, the oldest would reopen
-        the windows of one ahead)."""
+        against a higher line); a replay's as first run. Each interval is judged by its own newest mark."""
         m = self.acted
         wms = self.watermarks
         held = set(self.ex.owner.intervals)

@@ -215,8 +215,7 @@ class ComputationExecutor:
             sc.setLocalProperty(JOB_DESCRIPTION, before)  # None removes it: the caller's jobs are not ours
 
     def catch_up(self, df: Any, batch_id: int, *, input_files: Sequence[str]) -> BatchReport:
-        """A catch-up batch of intervals taken over: lateness judged per interval
-        (``BatchProtocol._lateness``); upstream computations' timers do not fire in it."""
+        """A catch-up batch of intervals taken over: lateness judged per interval, no upstream timers."""
         protocol = self._protocol
         self.wait_started()
         before = protocol.acted, protocol.lines
@@ -238,8 +237,7 @@ class ComputationExecutor:
         return self.run_batch(None, bid, input_watermark_ms=input_watermark_ms)
 
     def next_batch_inputs(self, inputs: BatchInputs) -> None:
-        """What the next batches read and act on, handed by the driver between batches; its hold
-        applies as ``inputs.hold`` says (:class:`BatchInputs`)."""
+        """What the next batches read and act on (:class:`BatchInputs`), handed over between batches."""
         self.inputs = inputs
         self._protocol.watermarks.hold(inputs)
 

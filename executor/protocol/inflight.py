@@ -1,6 +1,5 @@
-"""Deliveries still running after their batch committed: a weak straggler or an asynchronous delivery.
-
-At most one per computation; it holds the low watermark and is settled before the next commit."""
+"""Deliveries still running after their batch committed (a weak straggler or an asynchronous delivery):
+at most one per computation; it holds the low watermark and is settled before the next commit."""
 
 from __future__ import annotations
 

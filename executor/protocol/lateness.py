@@ -1,9 +1,5 @@
-"""Which watermark a batch judges lateness against: durable, so a restart changes no decision.
-
-The input low watermark the last committed batch fired timers under is recorded in its commit's
-metadata (an :class:`ActedMark`) and read back at start, per key interval: intervals an instance
-takes over may come from holders that acted on different watermarks (:func:`interval_lines`).
-docs/late-data.md."""
+"""Which watermark a batch judges lateness against: the mark (:class:`ActedMark`) its interval's last
+commit recorded, read back at start, so a restart changes no decision. docs/late-data.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
 """Intervals that move between job instances: exact input positions, the skip rule and catch-up.
-
-A record whose position is in its interval's committed set is dropped (**skip**); on taking
-intervals, positions this instance consumed but a taken interval lacks run first (**catch-up**).
 docs/rescaling.md, "The hazard, and how a move stays exact"."""
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The batch protocol's side of the watermark authority: :class:`BatchWatermarks`.
-
-Step 1 reads the input watermark; step 7 publishes the intervals' oldest work, the low watermark
-and the injector estimates in one ZooKeeper transaction, in the background for a streaming query
-(joined before the next batch reads a watermark; the values are lower bounds)."""
+"""The batch protocol's side of the watermark authority (:class:`BatchWatermarks`): step 1 reads the
+input watermark; step 7 publishes the oldest work, the low watermark and the injector estimates in one
+ZooKeeper transaction, for a streaming query in the background."""
 
 from __future__ import annotations
 
@@ -94,8 +92,7 @@ class BatchWatermarks:
         return min(marks)
 
     def hold(self, inputs: BatchInputs) -> None:
-        """Hold the low watermark at ``inputs.hold_ms`` as ``inputs.hold`` says: until the next commit
-        a publish during the batch must not pass its input, read and not committed yet."""
+        """Hold the low watermark at ``inputs.hold_ms`` as ``inputs.hold`` says (:class:`BatchInputs`)."""
         hold, now = inputs.hold_ms, inputs.hold == "now"
         if inputs.hold != "kept":  # (no hold yet: from the commit on, hold everything until then)
             self.hold_ms = hold if now or hold is None else min(hold, self.hold_ms or 0)

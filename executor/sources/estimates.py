@@ -1,7 +1,5 @@
-"""MillWheel's injector watermark: from the event times of the input not consumed yet.
-
-The exact estimate is the oldest pending event time (nothing pending becomes late, but one
-straggler holds it back); a percentile ``p`` lets at most a share ``p`` of pending records be late."""
+"""MillWheel's injector watermark, from the event times of the input not consumed yet (exact, or a
+percentile). docs/injector-watermarks.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The injector contract: what a source of a pipeline gives, and how it estimates its low watermark.
-
-An injector's streaming DataFrame is in the stream-table schema with a ``record_id`` that is the same
-on every re-run. Estimates: docs/injector-watermarks.md; sources: docs/sources.md."""
+"""The injector contract: a stream in the stream-table schema (its ``record_id`` the same on every re-run)
+and a low watermark estimate. docs/injector-watermarks.md, docs/sources.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""JSON input: a folder of JSON Lines files, and the JSON parse that Kafka messages share.
-
-A line that does not parse, or is not UTF-8, becomes a dead letter "malformed input" holding the line
-as written (``raw_value``). Blank lines are skipped."""
+"""JSON input: a folder of JSON Lines files, and the JSON parse that Kafka messages share. A line that
+does not parse, or is not UTF-8, is a dead letter holding it (``raw_value``); blank lines are skipped."""
 
 from __future__ import annotations
 

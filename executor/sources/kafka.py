@@ -1,8 +1,5 @@
-"""Kafka input: a topic of JSON messages read with Spark's Kafka source, watermarked per partition.
-
-Spark's Kafka connector is not in the pyspark wheel: see ``statestore/session/connectors.py``.
-As in Flink's and Beam's Kafka sources, a partition that delivered nothing yet holds the watermark at
-"unknown"; one silent for ``idle_timeout_ms`` is left out until it delivers again (``None``: never)."""
+"""Kafka input: a topic of JSON messages read with Spark's Kafka source, watermarked per partition
+(:class:`PerPartitionWatermark`). docs/sources.md, "Kafka"."""
 
 from __future__ import annotations
 
@@ -145,8 +142,7 @@ class KafkaInjector(_Estimating):
     Feed the executor through :meth:`tracking`, which keeps the per-partition watermark. ``schema``
     is required; ``key_column`` None: the message key; ``event_time_column`` None: the Kafka
     timestamp; ``options``: further ``kafka.*`` / source options (docs/sources.md, "Kafka");
-    ``direct_read``: the image tasks read each batch's offset ranges themselves where they can
-    (docs/embedding.md, "Direct read"; the runners' ``direct_read=False`` turns it off for all inputs).
+    ``direct_read``: the image tasks read each batch's offset ranges themselves where they can.
 
     Raises:
         ConfigError: an invalid name, no schema, a bad delay or timeout, or no topic or servers.

@@ -1,9 +1,5 @@
-"""The scenario harness: script a keyed stream, run a windowed computation, get its panes.
-
-A scenario (``SCENARIO_FORMAT.md``) lists elements and watermark and processing-time advances in
-arrival order. The harness drives the real per-key runner as the executor does; after the last step
-the watermark moves to :data:`~.windows.END_OF_INPUT_MS`. Usage: docs/windowing.md, "Testing your
-pipeline: the scenario harness"."""
+"""The scenario harness: script a keyed stream (``SCENARIO_FORMAT.md``), run a windowed computation on
+the real per-key runner, get its panes. docs/windowing.md, "Testing your pipeline: the scenario harness"."""
 
 from __future__ import annotations
 
@@ -15,7 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
 from deltawheel.statestore.codecs import get_codec
-from deltawheel.statestore.rowtable.rows import KeyRow
+from deltawheel.statestore.rowtable.rows import KeyRow, interval_of
 
 from ..computation import Record
 from ..tasks.usercode.keyrun import run_key
@@ -49,73 +45,113 @@ class Backend(Protocol):
         ...
 
 
-class MemoryBackend:
-    """Rows in a dict (fast; for tests and the ``memory`` backend)."""
+class MemoryRows:
+    """One computation's rows by key, in memory; :meth:`commit` does nothing."""
 
     def __init__(self) -> None:
-        self.rows: dict[tuple[str, str], KeyRow] = {}
+        self.rows: dict[str, KeyRow] = {}
 
-    def load(self, computation: str, key: str) -> KeyRow | None:
-        """The stored row of ``key`` (None if it has none)."""
-        return self.rows.get((computation, key))
+    def load(self, key: str) -> KeyRow | None:
+        """The row of ``key`` (None: none)."""
+        return self.rows.get(key)
 
-    def save(self, rows: list[KeyRow], deletes: list[str]) -> None:
-        """Store ``rows`` and delete the rows of ``deletes`` (keys of any computation)."""
-        for row in rows:
-            self.rows[(row.computation, row.key)] = row
-        self.rows = {ck: row for ck, row in self.rows.items() if ck[1] not in deletes}
+    def save(self, key: str, row: KeyRow | None) -> None:
+        """Set the row of ``key`` (None: delete it)."""
+        if row is None:
+            self.rows.pop(key, None)
+        else:
+            self.rows[key] = row
 
-    def keys(self, computation: str) -> list[str]:
-        """Keys of ``computation`` that have a row, sorted."""
-        return sorted(k for c, k in self.rows if c == computation)
+    def keys(self) -> list[str]:
+        """The keys with a row, sorted."""
+        return sorted(self.rows)
+
+    def commit(self) -> None:
+        """Nothing to write."""
 
 
-class DeltaBackend:
-    """The Delta rows table (migrated if needed) as a :class:`Backend`: read per step, one fenced commit."""
+class DeltaRows(MemoryRows):
+    """One computation's rows in a Delta store (migrated; every interval fenced, by default one above its
+    fence): :meth:`save` changes them in memory, :meth:`commit` writes the changes in one fenced commit."""
 
-    def __init__(self, spark: Any, layout: Any, *, sequencer: int = 1) -> None:
+    def __init__(self, spark: Any, layout: Any, computation: str, num_intervals: int, *, writer: str,
+                 sequencers: Mapping[int, int] | None = None) -> None:
         import deltawheel.migrations as migrations
         from deltawheel.statestore.rowtable.store import RowStore
 
+        super().__init__()
         migrations.apply(spark, layout, dry_run=False)
-        self._store = RowStore(spark, layout, writer="scenario")
-        self._seq = {0: sequencer}
-        self._store.fence(_COMPUTATION, self._seq)
-        self._rows: dict[str, KeyRow] = {}
-        self._puts: dict[str, KeyRow] = {}
-        self._dels: set[str] = set()
-        self.begin_step()
+        self.layout, self.name, self.n = layout, computation, num_intervals
+        self.store = RowStore(spark, layout, writer=writer)
+        if sequencers is None:
+            fences = self.store.fences(computation)
+            sequencers = {iv: fences.get(iv, 0) + 1 for iv in range(num_intervals)}
+        self.seqs = dict(sequencers)
+        self.store.fence(computation, self.seqs)
+        self.puts: dict[str, KeyRow] = {}
+        self.dels: set[str] = set()
+        self.reread()
+
+    def reread(self) -> None:
+        """Read the rows back from the table."""
+        self.rows = {r.key: r for r in self.store.scan_intervals(self.name, range(self.n))}
+
+    def save(self, key: str, row: KeyRow | None) -> None:
+        """Set the row of ``key`` (None: delete it) until :meth:`commit`."""
+        if row is None:
+            if self.rows.pop(key, None) is not None:
+                self.dels.add(key)
+            self.puts.pop(key, None)
+        else:
+            self.rows[key] = self.puts[key] = row
+            self.dels.discard(key)
+
+    def commit(self) -> None:
+        """Write what :meth:`save` changed in one fenced commit (nothing if nothing changed)."""
+        if self.puts or self.dels:
+            self.store.commit(self.name, list(self.puts.values()), sequencers=self.seqs,
+                              deletes=[(interval_of(k, self.n), k) for k in sorted(self.dels)],
+                              num_intervals=self.n)
+        self.puts.clear()
+        self.dels.clear()
+
+
+class MemoryBackend:
+    """Rows in memory (fast; for tests and the ``memory`` backend)."""
+
+    def __init__(self) -> None:
+        self._rows = MemoryRows()
+
+    def load(self, computation: str, key: str) -> KeyRow | None:
+        """The stored row of ``key`` (None if it has none; the scenario has one computation)."""
+        return self._rows.load(key)
+
+    def save(self, rows: list[KeyRow], deletes: list[str]) -> None:
+        """Store ``rows`` and delete the rows of the keys ``deletes``."""
+        for row in rows:
+            self._rows.save(row.key, row)
+        for key in deletes:
+            self._rows.save(key, None)
+
+    def keys(self, computation: str) -> list[str]:
+        """Keys with a row, sorted."""
+        return self._rows.keys()
+
+
+class DeltaBackend(MemoryBackend):
+    """The Delta rows table (migrated if needed) as a :class:`Backend`: read per step, one fenced commit."""
+
+    def __init__(self, spark: Any, layout: Any, *, sequencer: int = 1) -> None:
+        self._rows = self._store = DeltaRows(spark, layout, _COMPUTATION, 1, writer="scenario",
+                                             sequencers={0: sequencer})
 
     def begin_step(self) -> None:
         """Read the scenario computation's rows from the Delta table (the step's starting point)."""
-        self._rows = {r.key: r for r in self._store.scan_intervals(_COMPUTATION, [0])}
+        self._store.reread()
 
     def end_step(self) -> None:
         """Commit what the step changed in one fenced transaction (nothing if it changed nothing)."""
-        if self._puts or self._dels:
-            self._store.commit(_COMPUTATION, list(self._puts.values()), sequencers=self._seq,
-                               deletes=[(0, k) for k in sorted(self._dels)])
-        self._puts.clear()
-        self._dels.clear()
-
-    def load(self, computation: str, key: str) -> KeyRow | None:
-        """The row of ``key`` as of this step (the scenario has one computation)."""
-        return self._rows.get(key)
-
-    def save(self, rows: list[KeyRow], deletes: list[str]) -> None:
-        """Buffer ``rows`` and the deletes of ``deletes`` for the step's commit."""
-        for row in rows:
-            self._rows[row.key] = row
-            self._puts[row.key] = row
-            self._dels.discard(row.key)
-        for key in deletes:
-            if self._rows.pop(key, None) is not None:
-                self._dels.add(key)
-            self._puts.pop(key, None)
-
-    def keys(self, computation: str) -> list[str]:
-        """Keys with a row as of this step, sorted."""
-        return sorted(self._rows)
+        self._store.commit()
 
 
 @dataclass(frozen=True)

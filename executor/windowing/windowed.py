@@ -1,8 +1,5 @@
-"""The Dataflow model on the core API: :class:`WindowedComputation` and :func:`windowed`.
-
-A windowed computation is an ordinary ``Computation`` whose windows live in the key's state and
-timers, so it keeps the executor's exactly-once guarantees. Semantics follow SCENARIO_FORMAT.md,
-and Beam Java where the model leaves a choice; records, state layout and timers: docs/windowing.md."""
+"""The Dataflow model on the core API: :class:`WindowedComputation` and :func:`windowed`, an ordinary
+``Computation`` whose windows live in the key's state and timers. docs/windowing.md."""
 
 from __future__ import annotations
 

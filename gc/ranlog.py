@@ -1,9 +1,7 @@
-"""What gc keeps of its reads of the rows table's log, in ``<store>/_gc/`` (local stores only).
-
-``ran_in_log.json``: what each interval ran, the ``input_sets`` pass's evidence (docs/rescaling.md,
-"Bounded sets"); ``audit_checked.json``: the version up to which every tool commit has its audit
-row. Each is used only while its last commit is in the log with the same bytes (the log only
-appends), so the next gc opens only the commits after it."""
+"""What gc keeps of its reads of the rows table's log, in ``<store>/_gc/`` (local stores only):
+``ran_in_log.json`` (what each interval ran) and ``audit_checked.json`` (the version up to which every
+tool commit has its audit row), each used only while its last commit is in the log with the same
+bytes, so the next gc opens only the commits after it (docs/rescaling.md, "Bounded sets")."""
 
 from __future__ import annotations
 

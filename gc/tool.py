@@ -21,9 +21,8 @@ def gc_store(spark: Any, layout: StoreLayout, *, apply: bool,
              lease_wait_s: float = 60.0, **passes: Any) -> GcReport:
     """Plan (default) or run every gc pass over ``layout``; ``passes``: :func:`.passes.run_gc`'s settings.
 
-    ``zookeeper``: None leaves ZooKeeper alone; else it opens (client in the chroot, client at ``/``
-    or None when the chroot is ``/``, chroot) for the znode and input-set passes, which wait
-    ``lease_wait_s`` for running owners to hand leases over.
+    ``zookeeper``: None leaves ZooKeeper alone; else it opens (client in the chroot, client at ``/`` or
+    None, chroot) for the znode and input-set passes, which wait ``lease_wait_s`` for leases.
 
     Raises:
         What :func:`.passes.run_gc` raises, before anything changed.

@@ -1,8 +1,6 @@
-"""Garbage collection of a store's ZooKeeper nodes (``deltawheel gc``'s ``zk`` passes), for the
-pipelines bound to the store: ``zk_instances``, a gone instance's watermark estimates, deleted once it
-owns no lease and holds no watermark back (the delete names the version read, so an estimate
-published meanwhile is kept); ``zk_replays``, a replay's chroot (``{chroot}-replay-{hash}``), deleted
-once its shadow store is gone and it holds no lease."""
+"""Garbage collection of the ZooKeeper nodes of the pipelines bound to a store (``deltawheel gc``'s
+``zk_instances`` and ``zk_replays`` passes; what each deletes and when: docs/operations.md). A delete
+names the version read, so an estimate published meanwhile is kept."""
 
 from __future__ import annotations
 

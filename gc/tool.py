@@ -1,6 +1,5 @@
-"""A whole ``deltawheel gc`` run: the Delta passes (:mod:`.passes`), the audit rows of tool commits
-that lack one (:func:`.background.audit_recovery`), and the ZooKeeper passes (:mod:`.zknodes`,
-:mod:`.inputsets`)."""
+"""A whole ``deltawheel gc`` run: the Delta passes (:mod:`.passes`), the missing audit rows of tool
+commits (:func:`.background.audit_recovery`), the ZooKeeper passes (:mod:`.zknodes`, :mod:`.inputsets`)."""
 
 from __future__ import annotations
 

@@ -123,6 +123,7 @@ def prune_input_sets(spark: Any, layout: StoreLayout, client: Any, *, pipelines:
                 actions.append(GcAction(PASS, table, what + (": would be dropped from every set" if drop else
                                                              ": nothing to drop"), len(drop)))
                 continue
+
             def shrink(now: Mapping[int, frozenset[str]], drop: frozenset[str] = drop,
                        said: Mapping[int, frozenset[str]] = said,
                        gone: Callable[[str], bool] = gone) -> dict[int, frozenset[str]]:

@@ -78,9 +78,7 @@ def save_ran(layout: StoreLayout, got: RanLog, *, forget: Mapping[str, Iterable[
 def checked_upto(layout: StoreLayout) -> int | None:
     """The kept rows version up to which every tool commit has its audit row; None: read every commit."""
     doc = _kept_doc(mark_path(layout), AUDIT_MARK_FORMAT_VERSION)
-    if doc is None or not _unchanged(layout, doc):
-        return None
-    return int(doc["upto"])
+    return None if doc is None or not _unchanged(layout, doc) else int(doc["upto"])
 
 
 def save_checked(layout: StoreLayout, upto: int) -> bool:

@@ -172,9 +172,7 @@ def file_source_range(checkpoint: Where, batch_id: int, *, source: int) -> tuple
         return None
     end = _log_offset(offset_lines(checkpoint, batch_id), source)
     start = -1 if batch_id == 0 else _log_offset(offset_lines(checkpoint, batch_id - 1), source)
-    if end is None or start is None:
-        return None
-    return start + 1, end
+    return None if end is None or start is None else (start + 1, end)
 
 
 def _log_offset(lines: list[Any] | None, source: int) -> int | None:

@@ -11,6 +11,7 @@ import logging
 import os
 import uuid
 from collections.abc import Iterable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,10 +110,8 @@ def _keep_json(path: str, doc: Mapping[str, Any], *, what: str) -> bool:
     except OSError as exc:
         _LOG.warning("deltawheel gc: could not keep %s in %s (%s); the next gc reads every commit of the rows "
                      "table's log", what, path, exc)
-        try:
+        with suppress(OSError):
             os.unlink(staged)
-        except OSError:
-            pass
         return False
     return True
 

@@ -97,7 +97,8 @@ def prune_input_sets(spark: Any, layout: StoreLayout, client: Any, *, pipelines:
                      wait_s: float = 60.0, progress: Callable[[str], None] | None = None,
                      ran: RanLog | None = None) -> list[GcAction]:
     """Plan (default) or run the pass over ``pipelines``' computations that keep input-file sets; one not
-    handed over within ``wait_s`` is left. ``ran``: :func:`~.ranlog.read_ran` read earlier (None: read now)."""
+    handed over within ``wait_s`` is left. ``ran``: :func:`~.ranlog.read_ran`'s evidence read earlier, else
+    the evidence the last gc kept."""
     store = RowStore(spark, layout, writer="gc")
     actions: list[GcAction] = []
     got: RanLog | None = None  # the log's evidence, read once for the first computation that keeps sets

@@ -20,8 +20,8 @@ def gc_store(spark: Any, layout: StoreLayout, *, apply: bool,
              lease_wait_s: float = 60.0, **passes: Any) -> GcReport:
     """Plan (default) or run every gc pass over ``layout``; ``passes``: :func:`.passes.run_gc`'s settings.
 
-    ``zookeeper``: None leaves ZooKeeper alone; else it opens (client in the chroot, client at ``/`` or
-    None, chroot) for the znode and input-set passes, which wait ``lease_wait_s`` for leases.
+    ``zookeeper``: None leaves ZooKeeper alone; else it opens (client in the chroot, client at ``/``, or
+    None for the chroot ``/``, chroot) for the znode and input-set passes, which wait ``lease_wait_s``.
 
     Raises:
         What :func:`.passes.run_gc` raises, before anything changed.

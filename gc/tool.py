@@ -34,8 +34,7 @@ def gc_store(spark: Any, layout: StoreLayout, *, apply: bool,
     from .ranlog import checked_upto, read_ran, save_checked
     from .zknodes import bound_pipelines, collect_zk_nodes
 
-    # read before a log clean-up drops the commits: the tool commits after the last gc's check, and
-    # what the commits say each interval ran (the input_sets pass)
+    # read before a log clean-up drops them: the tool commits since the last check, what each interval ran
     audit = audit_gap(spark, layout, after_version=checked_upto(layout))
     ran = read_ran(layout) if apply and zookeeper is not None and passes.get("log_retention_ms") is not None else None
     report = run_gc(spark, layout, now_ms=int(time.time() * 1000), apply=apply, **passes)

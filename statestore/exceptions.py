@@ -22,8 +22,7 @@ __all__ = [
 ]
 
 
-# The ``deltawheel`` command's exit status per error class (a subclass inherits its base's);
-# docs/operations.md and ``--help`` print this table.
+# Exit status of ``deltawheel`` per error class (a subclass inherits); --help and docs/operations.md list it
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (0, "done"),
     (1, "done, found nothing or something is not healthy (inspect: no such key; history: a key never seen "

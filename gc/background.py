@@ -1,9 +1,6 @@
-"""Garbage collection from a running pipeline, in a background thread of the driver.
-
-Only the passes safe under a running job run: the retentions (blind deletes of tables executors only
-append to), OPTIMIZE, the path pass, VACUUM at Delta's 168 h minimum or more, the log checkpoint, and
-the audit recovery for tools' commits older than :data:`AUDIT_GRACE_MS`. A failed run is logged and
-the pipeline goes on. docs/operations.md, "Garbage collection", "From the running pipeline"."""
+"""Garbage collection from a running pipeline, in a background thread of the driver: only the passes
+safe under a running job; a failed run is logged and the pipeline goes on. Which passes, and why:
+docs/operations.md, "Garbage collection", "From the running pipeline"."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Pruning the rescaling input-file sets (``deltawheel gc``'s ``input_sets`` pass).
-
-A name leaves every interval's set of a computation, in one fenced commit under all its leases, when
-(a) every interval ran the file (its set or ``ranlog.py`` says so) and (b) the file is gone from its
-source. The commit also adds what the log says each interval ran, except gone names no set holds.
-A name whose full path cannot be known stays. Why that is exact: docs/rescaling.md, "Bounded sets"."""
+"""Pruning the rescaling input-file sets (``deltawheel gc``'s ``input_sets`` pass): a name leaves every
+interval's set, in one fenced commit under all the leases, once every interval ran the file and it is
+gone from its source. The rule and why it is exact: docs/rescaling.md, "Bounded sets"."""
 
 from __future__ import annotations
 
@@ -99,10 +96,9 @@ def _gone_test(layout: StoreLayout, pipeline: str, computation: str) -> Callable
 def prune_input_sets(spark: Any, layout: StoreLayout, client: Any, *, pipelines: list[str], apply: bool,
                      wait_s: float = 60.0, progress: Callable[[str], None] | None = None,
                      ran: RanLog | None = None) -> list[GcAction]:
-    """Plan (default) or run the pass over ``pipelines``' computations that keep input-file sets.
-
-    A computation whose intervals are not handed over within ``wait_s`` is left as it is. ``ran``:
-    :func:`~.ranlog.read_ran` read earlier, else the evidence the last gc kept."""
+    """Plan (default) or run the pass over ``pipelines``' computations that keep input-file sets; one not
+    handed over within ``wait_s`` is left. ``ran``: :func:`~.ranlog.read_ran`'s evidence read earlier, else
+    the evidence the last gc kept."""
     store = RowStore(spark, layout, writer="gc")
     actions: list[GcAction] = []
     got: RanLog | None = None  # the log's evidence, read once for the first computation that keeps sets
@@ -128,6 +124,7 @@ def prune_input_sets(spark: Any, layout: StoreLayout, client: Any, *, pipelines:
                 actions.append(GcAction(PASS, table, what + (": would be dropped from every set" if drop else
                                                              ": nothing to drop"), len(drop)))
                 continue
+
             def shrink(now: Mapping[int, frozenset[str]], drop: frozenset[str] = drop,
                        said: Mapping[int, frozenset[str]] = said,
                        gone: Callable[[str], bool] = gone) -> dict[int, frozenset[str]]:

@@ -1,9 +1,7 @@
-"""What gc keeps of its reads of the rows table's log, in ``<store>/_gc/`` (local stores only).
-
-``ran_in_log.json``: what each interval ran, the ``input_sets`` pass's evidence (docs/rescaling.md,
-"Bounded sets"); ``audit_checked.json``: the version up to which every tool commit has its audit
-row. Each is used only while its last commit is in the log with the same bytes (the log only
-appends), so the next gc opens only the commits after it."""
+"""What gc keeps of its reads of the rows table's log, in ``<store>/_gc/`` (local stores only):
+``ran_in_log.json`` (what each interval ran) and ``audit_checked.json`` (the version up to which every
+tool commit has its audit row), each used only while its last commit is in the log with the same
+bytes, so the next gc opens only the commits after it (docs/rescaling.md, "Bounded sets")."""
 
 from __future__ import annotations
 
@@ -13,6 +11,7 @@ import logging
 import os
 import uuid
 from collections.abc import Iterable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,9 +79,7 @@ def save_ran(layout: StoreLayout, got: RanLog, *, forget: Mapping[str, Iterable[
 def checked_upto(layout: StoreLayout) -> int | None:
     """The kept rows version up to which every tool commit has its audit row; None: read every commit."""
     doc = _kept_doc(mark_path(layout), AUDIT_MARK_FORMAT_VERSION)
-    if doc is None or not _unchanged(layout, doc):
-        return None
-    return int(doc["upto"])
+    return None if doc is None or not _unchanged(layout, doc) else int(doc["upto"])
 
 
 def save_checked(layout: StoreLayout, upto: int) -> bool:
@@ -113,10 +110,8 @@ def _keep_json(path: str, doc: Mapping[str, Any], *, what: str) -> bool:
     except OSError as exc:
         _LOG.warning("deltawheel gc: could not keep %s in %s (%s); the next gc reads every commit of the rows "
                      "table's log", what, path, exc)
-        try:
+        with suppress(OSError):
             os.unlink(staged)
-        except OSError:
-            pass
         return False
     return True
 

@@ -1,6 +1,5 @@
-"""A whole ``deltawheel gc`` run: the Delta passes (:mod:`.passes`), the audit rows of tool commits
-that lack one (:func:`.background.audit_recovery`), and the ZooKeeper passes (:mod:`.zknodes`,
-:mod:`.inputsets`)."""
+"""A whole ``deltawheel gc`` run: the Delta passes (:mod:`.passes`), the missing audit rows of tool
+commits (:func:`.background.audit_recovery`), the ZooKeeper passes (:mod:`.zknodes`, :mod:`.inputsets`)."""
 
 from __future__ import annotations
 
@@ -21,9 +20,8 @@ def gc_store(spark: Any, layout: StoreLayout, *, apply: bool,
              lease_wait_s: float = 60.0, **passes: Any) -> GcReport:
     """Plan (default) or run every gc pass over ``layout``; ``passes``: :func:`.passes.run_gc`'s settings.
 
-    ``zookeeper``: None leaves ZooKeeper alone; else it opens (client in the chroot, client at ``/``
-    or None when the chroot is ``/``, chroot) for the znode and input-set passes, which wait
-    ``lease_wait_s`` for running owners to hand leases over.
+    ``zookeeper``: None leaves ZooKeeper alone; else it opens (client in the chroot, client at ``/``, or
+    None for the chroot ``/``, chroot) for the znode and input-set passes, which wait ``lease_wait_s``.
 
     Raises:
         What :func:`.passes.run_gc` raises, before anything changed.
@@ -36,8 +34,7 @@ def gc_store(spark: Any, layout: StoreLayout, *, apply: bool,
     from .ranlog import checked_upto, read_ran, save_checked
     from .zknodes import bound_pipelines, collect_zk_nodes
 
-    # read before a log clean-up drops the commits: the tool commits after the last gc's check, and
-    # what the commits say each interval ran (the input_sets pass)
+    # read before a log clean-up drops them: the tool commits since the last check, what each interval ran
     audit = audit_gap(spark, layout, after_version=checked_upto(layout))
     ran = read_ran(layout) if apply and zookeeper is not None and passes.get("log_retention_ms") is not None else None
     report = run_gc(spark, layout, now_ms=int(time.time() * 1000), apply=apply, **passes)

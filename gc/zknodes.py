@@ -1,8 +1,6 @@
-"""Garbage collection of a store's ZooKeeper nodes (``deltawheel gc``'s ``zk`` passes), for the
-pipelines bound to the store: ``zk_instances``, a gone instance's watermark estimates, deleted once it
-owns no lease and holds no watermark back (the delete names the version read, so an estimate
-published meanwhile is kept); ``zk_replays``, a replay's chroot (``{chroot}-replay-{hash}``), deleted
-once its shadow store is gone and it holds no lease."""
+"""Garbage collection of the ZooKeeper nodes of the pipelines bound to a store (``deltawheel gc``'s
+``zk_instances`` and ``zk_replays`` passes; what each deletes and when: docs/operations.md). A delete
+names the version read, so an estimate published meanwhile is kept."""
 
 from __future__ import annotations
 
@@ -12,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from deltawheel.statestore.zk.binding import store_path
+from deltawheel.statestore.zk.client import children
 from deltawheel.statestore.zk.members import live_members
 from deltawheel.statestore.zk.watermarks.codec import Znodes, decode
 from deltawheel.statestore.zk.watermarks.low import holds_back
@@ -23,13 +22,6 @@ from .passes import GcAction
 __all__ = ["bound_pipelines", "collect_zk_nodes", "REPLAY_CHROOT_MARK"]
 
 REPLAY_CHROOT_MARK = "-replay-"  # executor/drivers/replay.py's shadow_chroot: {chroot}-replay-{hash}
-
-
-def _children(client: KazooClient, path: str) -> list[str]:
-    try:
-        return sorted(client.get_children(path))
-    except NoNodeError:
-        return []
 
 
 def _object(client: KazooClient, path: str) -> dict[str, Any] | None:
@@ -44,8 +36,8 @@ def _object(client: KazooClient, path: str) -> dict[str, Any] | None:
 
 def _owner_paths(client: KazooClient, base: str) -> Iterator[str]:
     """The lease owner znode of every interval of every computation under ``base``."""
-    for comp in _children(client, base):
-        for iv in _children(client, f"{base}/{comp}/intervals"):
+    for comp in children(client, base):
+        for iv in children(client, f"{base}/{comp}/intervals"):
             yield f"{base}/{comp}/intervals/{iv}/owner"
 
 
@@ -63,7 +55,7 @@ def _caught_up(client: KazooClient, znodes: Znodes, computations: set[str]) -> d
     for comp in sorted(computations):
         base = f"{znodes.folder('caught_up')}/{comp}"
         out[comp] = {}
-        for iv in _children(client, base):
+        for iv in children(client, base):
             try:
                 data, _ = client.get(f"{base}/{iv}")
             except NoNodeError:
@@ -76,9 +68,9 @@ def _gone_instances(client: KazooClient, pipeline: str, *, apply: bool) -> int:
     znodes = Znodes(pipeline)
     live = set(live_members(client, pipeline)) | _lease_holders(client, pipeline)
     removed = 0
-    for injector in _children(client, znodes.folder("instances")):
+    for injector in children(client, znodes.folder("instances")):
         base = f"{znodes.folder('instances')}/{injector}"
-        for name in _children(client, base):
+        for name in children(client, base):
             if name in live:
                 continue
             try:
@@ -104,11 +96,11 @@ def _finished_replays(client: KazooClient, chroot: str, *, store_exists: Callabl
     parent, _, leaf = chroot.rstrip("/").rpartition("/")
     parent = parent or "/"
     found = []
-    for name in _children(client, parent):
+    for name in children(client, parent):
         if not name.startswith(leaf + REPLAY_CHROOT_MARK):
             continue
         root = f"{parent.rstrip('/')}/{name}"
-        pipelines = _children(client, f"{root}/pipelines")
+        pipelines = children(client, f"{root}/pipelines")
         bindings = [_object(client, f"{root}/pipelines/{p}/store") for p in pipelines]
         stores = [str(b["root"]) for b in bindings if b is not None and b.get("root")]
         if not stores or any(store_exists(s) for s in stores):
@@ -133,7 +125,7 @@ def _local_store_exists(root: str) -> bool:
 
 def bound_pipelines(client: KazooClient, *, rows_table_id: str) -> list[str]:
     """The pipelines of ``client``'s chroot bound to the store whose rows table is ``rows_table_id``."""
-    return [p for p in _children(client, "/pipelines")
+    return [p for p in children(client, "/pipelines")
             if str((_object(client, store_path(p)) or {}).get("rows_table_id")) == rows_table_id]
 
 

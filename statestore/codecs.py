@@ -225,10 +225,8 @@ def int64map_blobs(rows: Any, keys: Any, values: Any, n: int) -> Any:
 
 
 def msgpack_rows(*columns: Any) -> Any:
-    """Row i of ``columns`` as one msgpack array, byte for byte what the msgpack codec gives that list.
-
-    A ``pyarrow.BinaryArray`` without nulls, no Python call per row (docs/embedding.md, "The columnar
-    path"); floats as float64, nulls as nil.
+    """Row i of ``columns`` as one msgpack array, byte for byte what the msgpack codec gives that list:
+    a ``pyarrow.BinaryArray`` without nulls, floats as float64, nulls as nil (docs/embedding.md).
 
     >>> import pyarrow as pa
     >>> rows = msgpack_rows(pa.array(["k", None]), pa.array([1, -300]))

@@ -77,10 +77,7 @@ VALUE_JSON = "value decoded by its codec, as JSON text (<pickle: N bytes> unless
 # the derived views: every column, in the order the view's SELECT gives them
 VIEWS: Mapping[str, Mapping[str, str]] = {
     "state": {
-        "computation": ROWS["computation"],
-        "interval": ROWS["interval"],
-        "key": ROWS["key"],
-        "codec": ROWS["codec"],
+        **{c: ROWS[c] for c in ("computation", "interval", "key", "codec")},
         "state_json": "the key's state decoded by its codec, as JSON text "
                       "(<pickle: N bytes> unless --allow-pickle)",
         "next_event_timer": "earliest event-time timer of the key",
@@ -92,13 +89,11 @@ VIEWS: Mapping[str, Mapping[str, str]] = {
                           "A commit clears the previous batch's (delivered by then), so a stopped pipeline "
                           "shows its last batch's here; 'deltawheel recover' counts those not in their stream",
         "watermark_hold": "holds the computation's low watermark back to this time",
-        "sequencer": ROWS["sequencer"],
-        "commit_id": ROWS["commit_id"],
+        **{c: ROWS[c] for c in ("sequencer", "commit_id")},
         "updated": "when the row was last written (processing time)",
     },
     "timers": {
-        "computation": ROWS["computation"],
-        "key": ROWS["key"],
+        **{c: ROWS[c] for c in ("computation", "key")},
         "tag": "the timer's tag (set_timer's name for it)",
         "domain": "event_time (fires when the low watermark passes) or processing_time (wall clock)",
         "fire_time": "when the timer fires",
@@ -114,8 +109,7 @@ VIEWS: Mapping[str, Mapping[str, str]] = {
         "timestamp": "the produced record's event time",
     },
     "fences": {
-        "computation": ROWS["computation"],
-        "interval": ROWS["interval"],
+        **{c: ROWS[c] for c in ("computation", "interval")},
         "sequencer": "the sequencer of the interval's current owner: commits carrying an older one are refused",
         "commit_id": "the commit that last wrote the fence",
     },
@@ -138,8 +132,7 @@ VIEWS: Mapping[str, Mapping[str, str]] = {
                         "files past the dedup horizon show in the state view, not here",
         "n_checkpointed": "productions checkpointed in that version's row",
         "watermark_hold": "the key's watermark hold in that version",
-        "sequencer": ROWS["sequencer"],
-        "commit_id": ROWS["commit_id"],
+        **{c: ROWS[c] for c in ("sequencer", "commit_id")},
         "updated": "when the row was written (processing time)",
     },
 }

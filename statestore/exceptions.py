@@ -5,7 +5,7 @@ Errors that the same call may get past later derive from :class:`RetryableError`
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 __all__ = [
     "EXIT_CODES", "exit_code", "DeltaWheelError", "RetryableError", "FatalError", "LeaseError",
@@ -22,8 +22,7 @@ __all__ = [
 ]
 
 
-# The ``deltawheel`` command's exit status per error class (a subclass inherits its base's);
-# docs/operations.md and ``--help`` print this table.
+# Exit status of ``deltawheel`` per error class (a subclass inherits); --help and docs/operations.md list it
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (0, "done"),
     (1, "done, found nothing or something is not healthy (inspect: no such key; history: a key never seen "
@@ -59,15 +58,19 @@ def exit_code(exc: BaseException) -> int:
 
 
 class DeltaWheelError(Exception):
-    """Root of every error deltawheel raises on purpose."""
+    """Root of every error deltawheel raises on purpose; a subclass may set its ``exit_code`` with
+    ``class X(Base, exit_code=N)`` (else it inherits its base's)."""
 
     exit_code: ClassVar[int] = 10
 
+    def __init_subclass__(cls, *, exit_code: int | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if exit_code is not None:
+            cls.exit_code = exit_code
 
-class RetryableError(DeltaWheelError):
+
+class RetryableError(DeltaWheelError, exit_code=9):
     """The operation may succeed if retried (after re-acquiring what was lost)."""
-
-    exit_code = 9
 
 
 class DiskFullError(RetryableError):
@@ -94,10 +97,8 @@ class FatalError(DeltaWheelError):
     """Retrying the same call will fail again; input or configuration must change."""
 
 
-class LeaseError(RetryableError):
+class LeaseError(RetryableError, exit_code=4):
     """Base for problems with key-interval leases."""
-
-    exit_code = 4
 
 
 class LeaseHeldError(LeaseError):
@@ -116,26 +117,20 @@ class NotOwnerError(LeaseError):
     """A write names a key interval this instance holds no lease (sequencer) for."""
 
 
-class StaleSequencerError(RetryableError):
+class StaleSequencerError(RetryableError, exit_code=4):
     """A commit carried a sequencer a newer owner fenced out; nothing landed. Re-acquire before writing."""
-
-    exit_code = 4
 
 
 class CommitConflictError(RetryableError):
     """Delta reported a concurrent commit on the same partitions; nothing landed."""
 
 
-class ZooKeeperServerError(FatalError):
+class ZooKeeperServerError(FatalError, exit_code=4):
     """The embedded ZooKeeper server could not be started, reached or stopped."""
 
-    exit_code = 4
 
-
-class ClusterError(FatalError):
+class ClusterError(FatalError, exit_code=8):
     """The local Spark standalone cluster (``deltawheel cluster``) could not be started, reached or stopped."""
-
-    exit_code = 8
 
 
 class HostsUnavailableError(ClusterError):
@@ -146,85 +141,61 @@ class UnknownHostError(ClusterError):
     """A command named a host the test bed of separate hosts does not have."""
 
 
-class KafkaServerError(FatalError):
+class KafkaServerError(FatalError, exit_code=8):
     """The local Kafka broker (``deltawheel/servers/kafka.py``) could not be started or reached."""
 
-    exit_code = 8
 
-
-class CodecError(FatalError):
+class CodecError(FatalError, exit_code=3):
     """A value could not be encoded or decoded with its declared codec."""
 
-    exit_code = 3
 
-
-class BadRecordError(FatalError):
+class BadRecordError(FatalError, exit_code=3):
     """Input that can never be processed: empty or non-string key, bad timestamp, ..."""
-
-    exit_code = 3
 
 
 class StateTooLargeError(BadRecordError):
     """A key's encoded state exceeds the configured size limit."""
 
 
-class NotAStoreError(FatalError):
+class NotAStoreError(FatalError, exit_code=3):
     """The given path is not a deltawheel store (no metadata table)."""
 
-    exit_code = 3
 
-
-class StoreMismatchError(FatalError):
+class StoreMismatchError(FatalError, exit_code=6):
     """A pipeline's ZooKeeper state (leases, sequencers, watermarks) belongs to another store."""
 
-    exit_code = 6
 
-
-class StoreDamagedError(FatalError):
+class StoreDamagedError(FatalError, exit_code=3):
     """A table's Delta log is damaged: a commit is missing, truncated or corrupt (docs/store-damage.md)."""
 
-    exit_code = 3
 
-
-class CoordinatorStateLostError(FatalError):
+class CoordinatorStateLostError(FatalError, exit_code=4):
     """ZooKeeper lost a pipeline's state (the store holds sequencers it never granted): two writers could
     share one fence. Recover with ``deltawheel reseed`` (docs/coordinator-recovery.md)."""
 
-    exit_code = 4
 
-
-class SchemaTooNewError(FatalError):
+class SchemaTooNewError(FatalError, exit_code=3):
     """The store was migrated by a newer deltawheel than this one."""
 
-    exit_code = 3
 
-
-class MigrationError(FatalError):
+class MigrationError(FatalError, exit_code=3):
     """A schema migration failed or the recorded migrations are inconsistent."""
-
-    exit_code = 3
 
 
 class StoreInUseError(MigrationError):
     """A migration was asked for while a pipeline of the store runs (holds leases); stop it first."""
 
 
-class ConfigError(FatalError):
+class ConfigError(FatalError, exit_code=3):
     """Configuration is missing or invalid."""
 
-    exit_code = 3
 
-
-class InputGoneError(FatalError):
+class InputGoneError(FatalError, exit_code=3):
     """Input that must be read again is gone (vacuumed, deleted, past Kafka's retention)."""
 
-    exit_code = 3
 
-
-class ReplayUnavailableError(FatalError):
+class ReplayUnavailableError(FatalError, exit_code=3):
     """A rows-table version a replay or diff needs is missing, past retention or without input positions."""
-
-    exit_code = 3
 
 
 class WritePathSwitchError(ConfigError):
@@ -248,10 +219,8 @@ class RepairStatementError(ConfigError):
     """A repair statement ``repair`` does not accept, names another computation, or writes an unusable row."""
 
 
-class JarFetchError(FatalError):
+class JarFetchError(FatalError, exit_code=8):
     """The Delta Lake jars could not be found or downloaded."""
-
-    exit_code = 8
 
 
 class SessionConfigError(ConfigError):
@@ -262,23 +231,17 @@ class SparkConnectSessionError(SessionConfigError):
     """A Spark Connect session was given; deltawheel needs a classic one (Delta's JVM API in the driver)."""
 
 
-class JavaMissingError(ConfigError):
+class JavaMissingError(ConfigError, exit_code=8):
     """No ``java`` executable: Spark (and the embedded ZooKeeper) need a Java 17+ JDK."""
 
-    exit_code = 8
 
-
-class ObjectStoreError(FatalError):
+class ObjectStoreError(FatalError, exit_code=5):
     """The object store (S3 through ``s3a://``) refused a request; the message says why."""
 
-    exit_code = 5
 
-
-class ObjectStoreUnreachableError(RetryableError):
+class ObjectStoreUnreachableError(RetryableError, exit_code=5):
     """No object store answers at the configured endpoint (down, wrong host or port), or it failed a
     request with a server error (HTTP 5xx)."""
-
-    exit_code = 5
 
 
 class BucketMissingError(ObjectStoreError):
@@ -289,10 +252,8 @@ class ObjectStoreAuthError(ObjectStoreError):
     """The object store refused the configured credentials (wrong access key or secret)."""
 
 
-class ObjectStoreServerError(FatalError):
+class ObjectStoreServerError(FatalError, exit_code=5):
     """The local S3-compatible server could not be started, reached or stopped."""
-
-    exit_code = 5
 
 
 class StaleFilesError(RetryableError):
@@ -311,20 +272,16 @@ class StaleViewError(RetryableError):
         self.ours = ours
 
 
-class ReadOnlySqlError(FatalError):
+class ReadOnlySqlError(FatalError, exit_code=2):
     """A statement given to the read-only SQL tool would change something (a table, a view, a setting)."""
-
-    exit_code = 2
 
 
 class UnknownComputationError(ConfigError):
     """A read-only tool named a computation the store's rows table never held (history, SQL as of)."""
 
 
-class KeyNeverSeenError(FatalError):
+class KeyNeverSeenError(FatalError, exit_code=1):
     """``deltawheel history`` named a key its computation never held in any version still in the log."""
-
-    exit_code = 1
 
 
 class VersionNotFoundError(ConfigError):

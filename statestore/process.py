@@ -205,11 +205,9 @@ class DetachedProcess:
         deadline = time.monotonic() + timeout_s
         while True:
             if self._proc is not None and self._proc.pid == pid:
-                try:  # our own child: gone once reaped (a JVM's main thread can be a zombie while
-                    self._proc.wait(timeout=0.05)  # its other threads still shut down)
+                with contextlib.suppress(subprocess.TimeoutExpired):  # our own child: gone once reaped
+                    self._proc.wait(timeout=0.05)  # (a JVM's main thread can be a zombie while the rest stop)
                     return True
-                except subprocess.TimeoutExpired:
-                    pass
             elif not psutil.pid_exists(pid) or _zombie(pid):
                 _reap(pid)
                 return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from contextlib import suppress
 from typing import Any, Callable, TypeVar
 
 from ..exceptions import SparkConnectSessionError
@@ -116,13 +117,11 @@ def java_errors(exc: BaseException) -> list[tuple[str, dict[str, str]]]:
     for _ in range(50):  # a cycle is not followed forever
         if jexc is None:
             break
-        try:
+        with suppress(Exception):  # a plain Java exception: no condition
             condition = jexc.getCondition()
             params = jexc.getMessageParameters()
             if condition:
                 out.append((str(condition), {str(k): str(v) for k, v in dict(params or {}).items()}))
-        except Exception:  # a plain Java exception: no condition
-            pass
         try:
             jexc = jexc.getCause()
         except Exception:

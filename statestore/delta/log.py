@@ -44,6 +44,7 @@ def _parse(line: str, file: str) -> Any:
     except ValueError as exc:
         raise damaged_entry(file, exc) from exc
 
+
 # reader features under which the table's commits are the catalog's (docs/versions.md)
 CATALOG_FEATURES = frozenset({"catalogManaged", "catalogOwned-preview"})
 

@@ -155,8 +155,7 @@ def add_file_name(add: dict[str, Any]) -> str:
 
 
 def file_source_range(checkpoint: Where, batch_id: int, *, source: int) -> tuple[int, int] | None:
-    """(first, last) of the file-source log entries (``sources/<source>/``) batch ``batch_id`` read.
-
+    """(first, last) of the file-source log entries (``sources/<source>/``) batch ``batch_id`` read;
     first > last: none; None: not known here (the file source numbers its entries apart from batches).
 
     >>> import tempfile, os
@@ -173,9 +172,7 @@ def file_source_range(checkpoint: Where, batch_id: int, *, source: int) -> tuple
         return None
     end = _log_offset(offset_lines(checkpoint, batch_id), source)
     start = -1 if batch_id == 0 else _log_offset(offset_lines(checkpoint, batch_id - 1), source)
-    if end is None or start is None:
-        return None
-    return start + 1, end
+    return None if end is None or start is None else (start + 1, end)
 
 
 def _log_offset(lines: list[Any] | None, source: int) -> int | None:
@@ -222,8 +219,7 @@ def _initial_kafka(checkpoint: Where, source: int, topic: str) -> dict[str, int]
 
 def kafka_ranges(checkpoint: Where, batch_id: int, topic: str, *,
                  new_partition_start: int | None = None) -> dict[str, dict[str, list[int]]] | None:
-    """``{topic: {partition: [start, end)}}`` a Kafka source read in micro-batch ``batch_id`` (None: unknown).
-
+    """``{topic: {partition: [start, end)}}`` a Kafka source read in micro-batch ``batch_id`` (None: unknown);
     ``new_partition_start``: the start of a partition added during the run.
 
     Raises:

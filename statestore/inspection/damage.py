@@ -21,8 +21,7 @@ def check_log(path: str, *, table: str) -> int | None:
     """Check the log of the local Delta table at ``path``; its newest version (None: remote, no log).
 
     Raises:
-        StoreDamagedError: a commit is missing (a gap, or a checksum / ``_last_checkpoint``
-            past the newest commit) or does not parse.
+        StoreDamagedError: a commit is missing (a gap; a checksum or _last_checkpoint past it) or unparsable.
     """
     root = local_path(path)
     if root is None:

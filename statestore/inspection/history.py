@@ -419,6 +419,7 @@ def store_key_history(layout: StoreLayout, *, computation: str, key: str, limit:
             raise
         raise pyarrow_error(exc, layout.root) from exc
 
+
 #: the columns of the ``state_history`` view (:mod:`.sqlviews`) before decoding
 HISTORY_COLUMNS = (
     ("computation", "string"), ("interval", "int"), ("key", "string"), ("version", "bigint"),

@@ -21,8 +21,7 @@ _WRITE_MARKS = ("Insert", "Statement", "Restore", "Write", "Merge", "Update", "D
 
 
 def check_read_only(spark: Any, query: str) -> None:
-    """Refuse ``query`` unless the plan the session's parser makes of it is a query or a SHOW,
-    DESCRIBE or EXPLAIN command.
+    """Refuse ``query`` unless the session's parser plans it as a query or a SHOW, DESCRIBE or EXPLAIN.
 
     Raises:
         ReadOnlySqlError: the statement would write (UPDATE, DELETE, MERGE, INSERT, CREATE, DROP,

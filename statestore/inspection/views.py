@@ -62,9 +62,7 @@ def decode_value(codec: str, data: bytes | None, *, allow_pickle: bool = False) 
     >>> decode_value("pickle", b"12345")
     '<pickle: 5 bytes>'
     """
-    if data is None:
-        return None
-    return _decode(codec, bytes(data), allow_pickle=allow_pickle)[1]
+    return None if data is None else _decode(codec, bytes(data), allow_pickle=allow_pickle)[1]
 
 
 def decode_json_text(codec: str, data: bytes | None, *, allow_pickle: bool = False) -> str | None:

@@ -246,8 +246,7 @@ class RowStore:
                dry_run: bool = False, kind: str = "commit", conflict_retries: int | None = None,
                meta: Mapping[str, Any] | None = None,
                input_sets: Mapping[int, Iterable[str]] | None = None) -> CommitResult:
-        """Write ``rows`` (new images) and ``deletes`` ((interval, key) pairs) in one fenced transaction.
-
+        """Write ``rows`` (new images) and ``deletes`` ((interval, key) pairs) in one fenced transaction;
         ``input_sets``: interval -> its input-file set *replacing* the stored one (gc's pruning).
 
         Raises:

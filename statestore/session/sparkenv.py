@@ -46,6 +46,8 @@ class SparkSettings:
 
 
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+
+
 def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | None = None):  # type: ignore[no-untyped-def]
     """A new SparkSession with Delta Lake, or the running one with only ``settings.extra`` and the log level.
 

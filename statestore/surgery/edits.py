@@ -55,9 +55,7 @@ class Edits:
 def set_state(key: str, text: str | None, *, delete: bool) -> Edit:
     """The edit that sets ``key``'s state to ``text`` (JSON) in its row's codec, or deletes the row."""
     def edit(row: KeyRow | None) -> KeyRow | None:
-        if row is None or delete:
-            return None
-        return row.with_(state=encode_state(key, text, row.codec))
+        return None if row is None or delete else row.with_(state=encode_state(key, text, row.codec))
     return edit
 
 

@@ -1,7 +1,5 @@
-"""``MERGE INTO state`` of ``deltawheel repair``: its syntax is docs/operations.md's, "Repair".
-
-``<source>``: ``FORMAT.`path``` (:data:`FORMATS`; csv with a header) or a session table or view
-(default alias ``source``)."""
+"""``MERGE INTO state`` of ``deltawheel repair`` (syntax: docs/operations.md, "Repair"). ``<source>``:
+``FORMAT.`path``` (:data:`FORMATS`; csv with a header) or a session table or view (alias ``source``)."""
 
 from __future__ import annotations
 

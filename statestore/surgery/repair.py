@@ -191,9 +191,8 @@ def repair(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, compu
            wait_s: float = 0.0, no_wait: bool = False, codec: str | None = None,
            progress: Callable[[str], None] | None = None,
            before_commit: Callable[[Mapping[int, int]], None] | None = None) -> SurgeryResult:
-    """Apply ``statement`` to ``computation``'s live rows in one fenced, audited commit (``replace.py``).
-
-    Matching no key, it takes no lease. ``codec``: of keys a MERGE inserts (default: the rows').
+    """Apply ``statement`` to ``computation``'s live rows in one fenced, audited commit (``replace.py``);
+    matching no key, it takes no lease. ``codec``: of keys a MERGE inserts (default: the rows').
 
     Raises:
         RepairStatementError: as :func:`parse_repair` and the edits; or, under the leases, keys in

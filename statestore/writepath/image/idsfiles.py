@@ -124,8 +124,7 @@ def _hash_index(f: IdsFile) -> tuple[Any, Any, int]:
 
 
 def pick_ids(files: Sequence[IdsFile], ids: Any, hashes: Any, legacy: Any = None) -> Any:
-    """The rows of ``files`` (and of the ids table ``legacy``) whose record id is one of ``ids``,
-    comparing only the files' hash buckets."""
+    """The rows of ``files`` (and of the ids table ``legacy``) whose record id is in ``ids`` (by hash)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -152,8 +151,7 @@ def pick_ids(files: Sequence[IdsFile], ids: Any, hashes: Any, legacy: Any = None
 
 
 def split_legacy(image: Any, *, inline: bool) -> tuple[Any, Any]:
-    """(``image`` without ids rows, and with empty ``record_ids`` when ``inline``; the ids taken out).
-
+    """(``image`` without ids rows, and with empty ``record_ids`` when ``inline``; the ids taken out);
     ``image`` itself when it holds none."""
     import pyarrow as pa
     import pyarrow.compute as pc

@@ -89,10 +89,9 @@ def scan(root: TableFiles, files: Mapping[int, Sequence[FileEntry]], *, name: st
 
 def resolve(rows_files: TableFiles, c: Checkpoint, delivered: int, *, name: str) -> bool | None:
     """Whether checkpoint ``c`` is still to deliver: None (delivered), True (as its commit's own
-    delivery; ``c.version`` becomes that commit's) or False (by insert-only MERGE).
-
-    The commit is looked up by id in the log between the stream's version and the bound; absent
-    while every commit there is means delivered (a later commit clears earlier checkpoints)."""
+    delivery; ``c.version`` becomes that commit's) or False (by insert-only MERGE). Its commit is looked
+    up by id in the log between the stream's version and the bound; absent while every commit there is
+    means delivered (a later commit clears earlier checkpoints)."""
     if c.version is None or c.commit_id is None:
         return False
     present = set(json_commit_versions(rows_files) or ())

@@ -107,8 +107,7 @@ _OPTIONAL = ("oldest_ms", "next_proc_ms", "obs_min", "obs_max")  # None: not kno
 
 @dataclass(frozen=True, kw_only=True)
 class IntervalSummary:
-    """What a task did with one interval (``interval`` None: a task that ran none; its input counts).
-
+    """What a task did with one interval (``interval`` None: a task that ran none; its input counts);
     ``image`` None: unchanged; ``ids_merged``: a background compaction's file (:mod:`.idsmerge`). A
     task's input counts (``records_in``, ``obs_min`` / ``obs_max``) ride on its first summary."""
 

@@ -22,8 +22,7 @@ ROW_COLUMNS = [c.split()[0] for c in re.split(r",\s*(?![^<]*>)", rows_schema_ddl
 
 @dataclass
 class MergeBatch:
-    """A batch's new rows (``_op`` not 'none') and productions on the MERGE path (materialized DataFrames).
-
+    """A batch's new rows (``_op`` not 'none') and productions on the MERGE path (materialized DataFrames);
     ``checkpointed``: the productions go into the rows' ``pending`` column (a weak batch's straggler)."""
 
     changed: Any

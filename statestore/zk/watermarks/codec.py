@@ -154,10 +154,9 @@ def injector_payload(what: str, old: Raw | None, watermark_ms: int, sequencer: i
 def instance_update(what: str, instance: str, watermark_ms: int | None, *, sequencer: int,
                     held: Mapping[str, Mapping[int, int]] | None, clock: Clock) -> Callable[[Raw | None], bytes | None]:
     """The compare-and-set update of an instance's estimate and held intervals (``None`` keeps either).
-
     An interval ``held`` no longer lists under its stored sequencer is *released*: kept with that
-    sequencer and the estimate stored before (where the instance stopped processing it) until it
-    is held again under a newer sequencer (:func:`.low.releasing`)."""
+    sequencer and the estimate stored before (where the instance stopped processing it) until it is
+    held again under a newer sequencer (:func:`.low.releasing`)."""
     def update(old: Raw | None) -> bytes | None:
         if old is not None and int(old["sequencer"]) > sequencer:
             raise StaleSequencerError(f"{what}: stored sequencer {old['sequencer']} is newer than ours "

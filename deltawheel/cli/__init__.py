@@ -39,9 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show Spark's and ZooKeeper's log lines (off by default); may also follow the command")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in ("demo", "run", "quickstart", "status", "servers", "cluster", "migrate",
-                 "sql", "history", "leases", "rebalance", "recover", "replay", "promote", "repair",
-                 "upgradestate", "reseed", "gc", "bench", "scenario", "chaos", "deploy"):  # --help order
+    for name in ("demo", "run", "quickstart", "status", "servers", "migrate", "sql", "history", "leases",
+                 "recover", "replay", "promote", "repair", "reseed", "gc", "bench", "scenario", "chaos",
+                 "deploy"):  # --help order
         importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 
@@ -57,8 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         if not _stdout_closed():
             raise  # another pipe or socket (ZooKeeper, Spark): a real failure
-        # nothing more can reach the reader: what is still buffered goes nowhere, so that the
-        # interpreter's own flush at the exit does not report the broken pipe again
+        # what is still buffered goes nowhere: the flush at the exit must not report the pipe again
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
@@ -102,8 +101,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def _typed(exc: Exception) -> DeltaWheelError | None:
-    """The typed error of a full disk (exit 9) or of ZooKeeper's session or connection lost (exit 4)
-    under any call, Python's or the JVM's; None: another error (a traceback)."""
+    """The typed error of a full disk (exit 9) or a lost ZooKeeper session or connection (exit 4), or None."""
     from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 
     cause = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"

@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show Spark's and ZooKeeper's log lines (off by default); may also follow the command")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in ("demo", "run", "quickstart", "status", "servers", "migrate", "sql", "history", "leases",
+    for name in ("demo", "run", "status", "servers", "migrate", "sql", "history", "leases",
                  "recover", "replay", "promote", "repair", "reseed", "gc", "bench", "scenario", "chaos",
                  "deploy"):  # --help order
         importlib.import_module(f"{__name__}.{name}").register(sub)

@@ -102,18 +102,19 @@ def test_a_wait_says_what_it_waits_for_and_when_it_gives_up(tmp_path: Path) -> N
     assert lines[-1] == "chaos: the drain: not within 0s", lines
 
 
-def test_a_tool_ending_with_a_traceback_is_a_violation_and_a_typed_exit_is_not(tmp_path: Path) -> None:
+def test_a_tool_ending_with_a_traceback_is_a_violation_and_a_typed_exit_is_not(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Every failure a tool meets under the faults must be typed: a traceback in the tool's own
     output (the log before it stays out of it) is a ``tool-traceback`` violation, kept by --recheck."""
+    from deltawheel.chaos import harness
     from deltawheel.chaos.checker import traceback_violations
     from deltawheel.chaos.harness import ChaosSettings, _Harness
 
     h = _Harness(ChaosSettings(seed=1, data=tmp_path / "chaos"), lambda line: None)
     h.logs.mkdir(parents=True)
-    runs = {"typed": "import sys; print('deltawheel repair: ConfigError: no such computation'); sys.exit(3)",
-            "untyped": "raise OSError('AWS Error NETWORK_CONNECTION during GetObject operation')"}
-    h.cli = lambda *args: [sys.executable, "-c", runs[args[0]]]  # type: ignore[method-assign]
-    assert h.tool("repair", "untyped") == 1 and h.tool("repair", "typed") == 3 and h.tool("repair", "typed") == 3
+    typed = "import sys; print('deltawheel repair: ConfigError: no such computation'); sys.exit(3)"
+    untyped = "raise OSError('AWS Error NETWORK_CONNECTION during GetObject operation')"
+    monkeypatch.setattr(harness, "CLI", (sys.executable, "-c"))  # each "tool" a Python program of its own
+    assert h.tool("repair", untyped) == 1 and h.tool("repair", typed) == 3 and h.tool("repair", typed) == 3
     assert h.run.tools == {"repair": [1, 3, 3]}
     assert h.run.tracebacks == ["repair rc 1: OSError: AWS Error NETWORK_CONNECTION during GetObject operation"]
     found = traceback_violations(h.run.tracebacks)

@@ -35,6 +35,7 @@ __all__ = ["ChaosSettings", "ChaosRun", "run_chaos"]
 
 CHROOT = "/chaos"
 MARKER = "chaos-run.json"
+CLI = (sys.executable, "-m", "deltawheel.cli")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,9 +157,6 @@ class _Harness:
                  f"(a: {got.hosts('a')}; b: {got.hosts('b')})")
         return None
 
-    def cli(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "deltawheel.cli", *args]
-
     def zk_args(self, driver: str | None = None) -> list[str]:
         """``--zk``: the servers' addresses, or a driver's proxies to them (with ``net-cut``)."""
         hosts = self.netcut.hosts(driver) if driver is not None and self.netcut is not None else self.ensemble.hosts
@@ -173,10 +171,10 @@ class _Harness:
 
     def make_drivers(self) -> None:
         for name in INSTANCES:
-            cmd = self.cli("run", "deltawheel.chaos.bank:pipeline", "--store", self.store_url,
+            cmd = [*CLI, "run", "deltawheel.chaos.bank:pipeline", "--store", self.store_url,
                            *self.zk_args(name), "--zk-session-timeout", str(self.s.session_timeout_s),
                            "--trigger", self.s.trigger, "--instance", name, "--master", self.s.master, "--wait", "600",
-                           "--driver-memory", "1g")
+                           "--driver-memory", "1g"]
             self.drivers[name] = Driver(name=name, cmd=cmd, log=self.logs / f"driver-{name}.log", env=self.env(name))
 
     def write_next(self) -> None:
@@ -194,7 +192,7 @@ class _Harness:
             if self.stopping.is_set():
                 return -1
             start = out.tell()
-            proc = subprocess.Popen(self.cli(*args), stdout=out, stderr=subprocess.STDOUT, env=self.env(),
+            proc = subprocess.Popen([*CLI, *args], stdout=out, stderr=subprocess.STDOUT, env=self.env(),
                                     start_new_session=True)
             die_with(os.getpid(), proc.pid)
             self.tool_procs.append(proc)

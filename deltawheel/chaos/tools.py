@@ -34,19 +34,14 @@ class _Harness(Protocol):
     def zk_args(self) -> list[str]: ...
 
 
-def _last_line(h: _Harness, name: str) -> str:
-    path = h.logs / f"tool-{name}.log"
-    try:
-        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return lines[-1][:200] if lines else ""
-
-
 def _run(h: _Harness, name: str, *args: str) -> str:
     """Run tool ``name`` (``deltawheel name args``); ``rc N: last line``."""
     rc = h.tool(name, name, *args)
-    return f"{name} rc {rc}: {_last_line(h, name)}"
+    try:
+        lines = [ln.strip() for ln in (h.logs / f"tool-{name}.log").read_text(errors="replace").splitlines()]
+    except OSError:
+        lines = []
+    return f"{name} rc {rc}: {next((ln[:200] for ln in reversed(lines) if ln), '')}"
 
 
 def tool_fault(h: _Harness, f: PlannedFault) -> tuple[str, str]:

@@ -39,9 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show Spark's and ZooKeeper's log lines (off by default); may also follow the command")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in ("demo", "run", "quickstart", "status", "servers", "cluster", "migrate",
-                 "sql", "history", "leases", "rebalance", "recover", "replay", "promote", "repair",
-                 "upgradestate", "reseed", "gc", "bench", "scenario", "chaos", "deploy"):  # --help order
+    for name in ("demo", "run", "status", "servers", "migrate", "sql", "history", "leases",
+                 "recover", "replay", "promote", "repair", "reseed", "gc", "bench", "scenario", "chaos",
+                 "deploy"):  # --help order
         importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 
@@ -57,8 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         if not _stdout_closed():
             raise  # another pipe or socket (ZooKeeper, Spark): a real failure
-        # nothing more can reach the reader: what is still buffered goes nowhere, so that the
-        # interpreter's own flush at the exit does not report the broken pipe again
+        # what is still buffered goes nowhere: the flush at the exit must not report the pipe again
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)

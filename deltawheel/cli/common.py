@@ -369,16 +369,18 @@ def say_running(running: bool, pid: int | None, port: object, data_dir: str) -> 
 
 class Progress:
     """Progress lines of a long command on stderr: ``step(what)`` prints
-    ``deltawheel CMD: [i/N] what (12.3 s, about 40 s left)``."""
+    ``deltawheel CMD: [i/N] what (12.3 s, about 40 s left)``, timed from the first step."""
 
-    def __init__(self, command: str, total: int | None) -> None:
+    def __init__(self, command: str, total: int | None = None) -> None:
         self.command = command
         self.total = total
         self.done = 0
-        self._started = time.monotonic()
+        self._started: float | None = None
 
-    def step(self, what: str) -> None:
-        """Report that the next step (``what``) starts."""
+    def step(self, what: str, total: int | None = None) -> None:
+        """Report that the next step (``what``) starts; ``total``: the number of steps, if not given yet."""
+        self._started = self._started or time.monotonic()
+        self.total = self.total if total is None else total
         elapsed = time.monotonic() - self._started
         count = f"[{self.done + 1}/{self.total}] " if self.total else f"[{self.done + 1}] "
         eta = ""

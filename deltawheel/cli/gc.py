@@ -73,13 +73,6 @@ def _run(args: argparse.Namespace) -> int:
     layout = common.layout_from(args)
     spark = common.spark_from(args)
     migrations.check_store(spark, layout)
-    bar: list[common.Progress] = []
-
-    def progress(what: str, total: int) -> None:  # a line per pass over a table, with an ETA
-        if not bar:
-            bar.append(common.Progress("gc", total))
-        bar[0].step(what)
-
     @contextmanager
     def zookeeper() -> Iterator[tuple[Any, Any, str]]:  # the pipelines': --zk, else a local store's own
         with common.store_zookeeper(args) as (_layout, cfg, client):
@@ -94,7 +87,7 @@ def _run(args: argparse.Namespace) -> int:
         return int(min(hours * 3_600_000, 2**62))
 
     report = gc_store(spark, layout, apply=args.apply, zookeeper=None if args.skip_zk else zookeeper,
-                      lease_wait_s=args.lease_wait, progress=progress,
+                      lease_wait_s=args.lease_wait, progress=common.Progress("gc").step,
                       stream_retention_ms=ms(args.stream_retention_hours), vacuum_retain_hours=args.vacuum_retain_hours,
                       force=args.force, metrics_retention_ms=ms(args.metrics_retention_hours),
                       log_retention_ms=ms(args.log_retention_hours),

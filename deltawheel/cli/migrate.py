@@ -25,7 +25,6 @@ def register(subparsers: Any) -> None:
 
 
 def _refuse_while_running(args: argparse.Namespace, spark: Any, layout: Any) -> None:
-    """Refuse to migrate a store a pipeline runs on, as ``--zk`` (else its running own server) shows."""
     from deltawheel.migrations.live import refuse_while_running_on
     from deltawheel.statestore.config import ZkConfig
 
@@ -40,12 +39,10 @@ def _run(args: argparse.Namespace) -> int:
 
     layout = common.layout_from(args)
     spark = common.spark_from(args)
-    progress: common.Progress | None = None
+    progress = common.Progress("migrate")
 
     def on_step(step: migrations.PlannedMigration, total: int) -> None:
-        nonlocal progress
-        progress = progress or common.Progress("migrate", total)
-        progress.step(f"migration {step.version} ({step.name})")
+        progress.step(f"migration {step.version} ({step.name})", total)
 
     if args.apply:
         _refuse_while_running(args, spark, layout)

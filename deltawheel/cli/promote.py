@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from typing import Any
 
 from . import common
 
@@ -33,17 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.set_defaults(func=_run)
 
 
-def _source(args: argparse.Namespace, marker: dict[str, Any]) -> Any:
-    """The live pipeline: ``--source``'s, else the one the replay recorded (None: none given)."""
-    spec = args.source or marker.get("source")
-    if not spec:
-        return None
-    from deltawheel.executor.drivers.pipeline import load_pipeline
-
-    return load_pipeline(spec)
-
-
 def _run(args: argparse.Namespace) -> int:
+    from deltawheel.executor.drivers.pipeline import load_pipeline
     from deltawheel.executor.drivers.promote import check_replay, plan_promote, promote, promote_intervals
     from deltawheel.executor.drivers.replay import shadow_chroot
     from deltawheel.statestore.surgery.timeline import Timeline
@@ -55,8 +45,10 @@ def _run(args: argparse.Namespace) -> int:
         # an s3a:// replay is read with the session's settings
         spark = None if into.is_local else common.spark_from(args)
         marker = check_replay(store, into, pipeline=args.pipeline, computation=args.computation, spark=spark)
-        source = _source(args, marker)  # before Spark and ZooKeeper: a --source that does not import is
-        # refused at once, and so is a bad --code (else the replay's, the live class)
+        spec = args.source or marker.get("source")  # else the live pipeline the replay recorded
+        # before Spark and ZooKeeper: a --source that does not import is refused at once, and so is a bad
+        # --code (else the replay's, the live class)
+        source = load_pipeline(spec) if spec else None
         code = common.computation_code(
             args, args.code or marker.get("code"), "the replay does not record its code: give --code "
             f"MODULE:CLASS, or --source MODULE:PIPELINE (the live pipeline), for computation {args.computation!r}",

@@ -71,16 +71,13 @@ def _timestamp_ms(text: str) -> int:
 
 
 def _run_replay(args: argparse.Namespace) -> int:
+    from deltawheel.executor.drivers.pipeline import load_pipeline
     from deltawheel.executor.drivers.replay import plan_replay, replay, replay_scope, shadow_chroot
     from deltawheel.statestore.exceptions import ConfigError
 
     store = common.layout_from(args)
     into = common.layout_from(argparse.Namespace(store=args.into))
-    source = None
-    if args.source:
-        from deltawheel.executor.drivers.pipeline import load_pipeline
-
-        source = load_pipeline(args.source)
+    source = load_pipeline(args.source) if args.source else None
     code = common.computation_code(  # before Spark: a bad --code is refused at once
         args, args.code, "the store does not record code: give --source MODULE:PIPELINE (the live pipeline) or "
         f"--code MODULE:CLASS for computation {args.computation!r} of pipeline {args.pipeline!r}", source=source,

@@ -67,8 +67,7 @@ class LiveGenerator:
         self.folder, self.rate, self.seed, self.seconds = folder, int(rate), seed, seconds
         self.params = ZeitgeistParams(n_events=1, seed=seed, rate_per_s=self.rate)
         self.period_s = seconds if seconds is not None else PERIOD_S
-        self.arrivals: list[Arrival] = []
-        self.by_name: dict[str, Arrival] = {}
+        self.by_name: dict[str, Arrival] = {}  # the files written, by name
         self.written = 0
         self.last_event_ms: int | None = None
         self.done = threading.Event()  # with ``seconds``: every event written
@@ -123,9 +122,7 @@ class LiveGenerator:
         staged = os.path.join(self.folder, f".{name}.tmp")
         pq.write_table(events, staged)
         os.replace(staged, os.path.join(self.folder, name))
-        arrival = Arrival(name, time.time(), events.num_rows)
-        self.arrivals.append(arrival)
-        self.by_name[name] = arrival
+        self.by_name[name] = Arrival(name, time.time(), events.num_rows)
         self.written += events.num_rows
         last = events.column("event_time").cast(pa.int64()).to_numpy().max()
         self.last_event_ms = int(last) if self.last_event_ms is None else max(self.last_event_ms, int(last))
@@ -246,7 +243,7 @@ def _drain(engine: Any, queries: LiveQueries, gen: LiveGenerator, monitor: Stage
     gave_up = "not drained within the time allowed (or asked to stop): stopping as it is"
     say(f"input ended after {gen.written} events; draining ...")
     deadline, stable_since = time.monotonic() + timeout_s, None
-    names = {a.name for a in gen.arrivals}
+    names = set(gen.by_name)  # the generator has stopped writing
     while not names <= files_read(monitor):
         lines()
         if time.monotonic() > deadline or asked.wait(0.5):

@@ -34,7 +34,10 @@ from .wiring import Wiring
 if TYPE_CHECKING:
     from deltawheel.gc.background import BackgroundGc
 
-__all__ = ["ContinuousRun", "StopReport"]
+__all__ = ["ContinuousRun", "StopReport", "STORE_PAUSE_S"]
+
+#: How long a stage whose object store does not answer tries to start again before the run stops.
+STORE_PAUSE_S = 300.0
 
 
 class _Stopping(Exception):
@@ -74,6 +77,7 @@ class ContinuousRun:
             spark, layout, pipeline, wiring=wiring, instance=instance, progress=self._log, write_path=write_path)
         self.stages: dict[str, Stage] = {}
         self._stopping = threading.Event()
+        self._asked = threading.Event()  # SIGTERM or Ctrl-C in run_until_stopped
         self._wake = threading.Event()  # the ticks wait on it: a tool's hand-over request, or the stop
         self._handover: HandoverWatch | None = None
         self._ticker: threading.Thread | None = None
@@ -125,19 +129,59 @@ class ContinuousRun:
         return self
 
     def check(self) -> None:
-        """Raise the typed error of a failed batch or tick, or Spark's error of a query that ended by itself."""
-        for stage in self.stages.values():
+        """Raise the typed error of a failed batch or tick, or Spark's error of a query that ended by itself;
+        a stage that failed because the object store did not answer starts again instead (:meth:`_again`)."""
+        for stage in list(self.stages.values()):
             if stage.failed:
-                raise stage.failed[-1]
+                self._again(stage, stage.failed[-1], stage.failed[-1])
         if self._stopping.is_set():
             return
-        for name, stage in self.stages.items():
+        for name, stage in list(self.stages.items()):
             q = stage.query
             if q is not None and not q.isActive:
                 exc = q.exception()
-                raise BatchFailedError(f"{self.pipeline.name}: the query of {name} ended by itself"
-                                       + (f": {exc}" if exc is not None else "")
-                                       + "; the same command again resumes it from its checkpoint")
+                self._again(stage, exc, BatchFailedError(
+                    f"{self.pipeline.name}: the query of {name} ended by itself" + (f": {exc}" if exc is not None
+                                                                                    else "")
+                    + "; the same command again resumes it from its checkpoint"))
+
+    def _again(self, stage: Stage, cause: BaseException | None, err: BaseException) -> None:
+        """Start ``stage`` again in this process when ``cause`` is the object store not answering (or
+        failing with a server error), as a new process would: its executor and query stopped, a new
+        executor's recovery and leases (new sequencers fence the old one), the query resumed from its
+        checkpoint; tried every 2 s for :data:`STORE_PAUSE_S`. Raise ``err`` for any other failure."""
+        from deltawheel.statestore.objectstore.errors import store_failure
+
+        def down(exc: BaseException | None) -> DeltaWheelError | None:
+            return None if exc is None or self.layout.is_local else store_failure(exc, self.layout.root)
+
+        if self._stopping.is_set() or self._asked.is_set() or (typed := down(cause)) is None:
+            raise err
+        comp, deadline = stage.comp, time.monotonic() + STORE_PAUSE_S
+        self._log(f"{comp.name}: {type(typed).__name__}: {typed}; the stage starts again in this process")
+        while True:
+            self._retire(self.stages[comp.name])
+            try:
+                self._start_stage(comp)
+                self._log(f"{comp.name}: started again")
+                return
+            except Exception as exc:
+                if down(exc) is None or time.monotonic() >= deadline or self._stopping.is_set() \
+                        or self._asked.is_set():
+                    raise
+                self._log(f"{comp.name}: the store does not answer yet ({type(exc).__name__}); trying again")
+                time.sleep(2.0)
+
+    def _retire(self, stage: Stage) -> None:
+        """Stop ``stage``'s query and executor (its leases go back), whatever fails on the way."""
+        with stage.lock:
+            for part in (stage.query, stage.ex):
+                try:
+                    if part is not None:
+                        part.stop()
+                except Exception as exc:
+                    self._log(f"{stage.comp.name}: stopping failed: {type(exc).__name__}: {exc}")
+            stage.query = stage.ex = None
 
     def await_termination(self, timeout_s: float | None = None) -> bool:
         """Until the run is stopped or a query fails (raised by :meth:`check`); False after ``timeout_s``."""
@@ -152,7 +196,7 @@ class ContinuousRun:
     def run_until_stopped(self, *, seconds: float | None = None, drain: bool = False) -> StopReport:
         """Block until SIGTERM, Ctrl-C, ``seconds`` or a failure, then :meth:`stop` (or :meth:`drain`);
         a batch's own typed DeltaWheelError is raised after the run was stopped."""
-        asked = threading.Event()
+        asked = self._asked
         old: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):

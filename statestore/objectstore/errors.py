@@ -28,7 +28,7 @@ _FAILED = ("org.apache.hadoop.fs.s3a.AWSStatus500Exception", "org.apache.hadoop.
 def _chain(exc: BaseException) -> list[tuple[str, str]]:
     """(Java class name, message) of the Java exception behind ``exc`` and its causes."""
     out: list[tuple[str, str]] = []
-    je = getattr(exc, "java_exception", None)
+    je = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)  # py4j's, or pyspark's captured
     while je is not None and len(out) < 20:
         try:
             out.append((str(je.getClass().getName()), str(je.getMessage())))

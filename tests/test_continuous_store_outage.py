@@ -77,3 +77,22 @@ def test_a_live_pipeline_goes_on_after_its_object_store_was_killed_and_started_a
         server.stop()
     assert got_users == want_users
     assert got_totals == want_totals
+
+
+def test_what_counts_as_the_store_not_serving() -> None:
+    """A batch's own typed error (the write path's) counts as well as Spark's and pyarrow's untyped
+    ones; a local store's failures and other errors never start a stage again."""
+    from types import SimpleNamespace
+
+    from deltawheel.executor.drivers.continuous import ContinuousRun
+    from deltawheel.statestore.exceptions import ObjectStoreUnreachableError, StaleSequencerError
+    from deltawheel.statestore.layout import StoreLayout
+
+    s3, local = SimpleNamespace(layout=StoreLayout("s3a://b/store")), SimpleNamespace(layout=StoreLayout("/tmp/s"))
+    typed = ObjectStoreUnreachableError("no object store answers for s3a://b/store")
+    pyarrow = OSError("AWS Error NETWORK_CONNECTION during PutObject operation: curlCode: 7, Could not connect")
+    assert ContinuousRun._store_down(s3, typed) is typed  # type: ignore[arg-type]
+    assert isinstance(ContinuousRun._store_down(s3, pyarrow), ObjectStoreUnreachableError)  # type: ignore[arg-type]
+    assert ContinuousRun._store_down(local, typed) is None  # type: ignore[arg-type]
+    assert ContinuousRun._store_down(s3, StaleSequencerError("fenced")) is None  # type: ignore[arg-type]
+    assert ContinuousRun._store_down(s3, None) is None  # type: ignore[arg-type]

@@ -53,6 +53,13 @@ def test_a_pyarrow_read_of_a_stopped_object_store_is_typed(stopped_store) -> Non
     typed = store_failure(raised.value, store)
     assert isinstance(typed, ObjectStoreUnreachableError) and store in str(typed)
     assert store_failure(ValueError("not the store"), store) is None
+    # a Spark task's pyarrow error, inside the batch's own typed error (seen in a live pipeline's outage)
+    from deltawheel.executor.exceptions import BatchFailedError
+
+    try:
+        raise BatchFailedError("user_minutes batch 1 failed in a Spark task") from raised.value
+    except BatchFailedError as in_task:
+        assert isinstance(store_failure(in_task, store), ObjectStoreUnreachableError)
     # the server answering 500 while its disk was full (the text pyarrow gave in a chaos run)
     full = OSError("When uploading object with key 'store/rows/part-1.parquet' in bucket 'b': AWS Error "
                    "INTERNAL_FAILURE during PutObject operation: An internal error occurred. Try again.")
@@ -80,3 +87,8 @@ def test_a_replay_or_diff_of_a_store_that_does_not_answer_is_not_told_it_is_no_s
         computation_commits(spark, layout, "model")
     with pytest.raises(ObjectStoreUnreachableError, match="no object store answers"):
         _read(spark, layout.stream("out"), None, "the live store")
+    # a pipeline's start makes the stream tables it reads: not "clear that path" (a ConfigError, exit 3)
+    from deltawheel.statestore.writepath.streams import ensure_stream_table
+
+    with pytest.raises(ObjectStoreUnreachableError, match="no object store answers"):
+        ensure_stream_table(spark, layout, "changes")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.storefs import files_resolver
-from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
+from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError, ObjectStoreUnreachableError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import ensure_stream_table
 
@@ -116,7 +116,7 @@ class ContinuousRun:
             self._handover = HandoverWatch(self.wiring.client, self.pipeline.name, [c.name for c in self._comps],
                                            wake=self._wake, stopping=self._stopping)
             for comp in self._comps:
-                self._start_stage(comp)
+                self._start_until_up(comp)
         except BaseException:
             self._stopping.set()
             self._shutdown(timeout_s=60.0)
@@ -146,30 +146,39 @@ class ContinuousRun:
                     + "; the same command again resumes it from its checkpoint"))
 
     def _again(self, stage: Stage, cause: BaseException | None, err: BaseException) -> None:
-        """Start ``stage`` again in this process when ``cause`` is the object store not answering (or
-        failing with a server error), as a new process would: its executor and query stopped, a new
-        executor's recovery and leases (new sequencers fence the old one), the query resumed from its
-        checkpoint; tried every 2 s for :data:`STORE_PAUSE_S`. Raise ``err`` for any other failure."""
+        """Start ``stage`` again in this process (:meth:`_start_until_up`) when ``cause`` is its object
+        store not answering or failing with a server error; raise ``err`` for any other failure."""
+        if self._stopping.is_set() or self._asked.is_set() or (typed := self._store_down(cause)) is None:
+            raise err
+        self._log(f"{stage.comp.name}: {type(typed).__name__}: {typed}; the stage starts again in this process")
+        self._start_until_up(stage.comp)
+        self._log(f"{stage.comp.name}: started again")
+
+    def _store_down(self, exc: BaseException | None) -> DeltaWheelError | None:
+        """The typed error when ``exc`` is the object store of an ``s3a://`` store not serving (None: other)."""
         from deltawheel.statestore.objectstore.errors import store_failure
 
-        def down(exc: BaseException | None) -> DeltaWheelError | None:
-            return None if exc is None or self.layout.is_local else store_failure(exc, self.layout.root)
+        if exc is None or self.layout.is_local:
+            return None
+        return exc if isinstance(exc, ObjectStoreUnreachableError) else store_failure(exc, self.layout.root)
 
-        if self._stopping.is_set() or self._asked.is_set() or (typed := down(cause)) is None:
-            raise err
-        comp, deadline = stage.comp, time.monotonic() + STORE_PAUSE_S
-        self._log(f"{comp.name}: {type(typed).__name__}: {typed}; the stage starts again in this process")
+    def _start_until_up(self, comp: Computation) -> None:
+        """Start ``comp``'s stage, as a new process would: what a failed one left stopped (its leases
+        go back), a new executor's leases (new sequencers fence the old one) and recovery, the query
+        resumed from its checkpoint. While the object store does not serve, tried every 2 s for
+        :data:`STORE_PAUSE_S`; any other failure is raised."""
+        deadline = time.monotonic() + STORE_PAUSE_S
         while True:
-            self._retire(self.stages[comp.name])
+            if comp.name in self.stages:
+                self._retire(self.stages[comp.name])
             try:
                 self._start_stage(comp)
-                self._log(f"{comp.name}: started again")
                 return
             except Exception as exc:
-                if down(exc) is None or time.monotonic() >= deadline or self._stopping.is_set() \
+                if self._store_down(exc) is None or time.monotonic() >= deadline or self._stopping.is_set() \
                         or self._asked.is_set():
                     raise
-                self._log(f"{comp.name}: the store does not answer yet ({type(exc).__name__}); trying again")
+                self._log(f"{comp.name}: the store does not serve yet ({type(exc).__name__}); trying again")
                 time.sleep(2.0)
 
     def _retire(self, stage: Stage) -> None:

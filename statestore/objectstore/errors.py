@@ -28,7 +28,11 @@ _FAILED = ("org.apache.hadoop.fs.s3a.AWSStatus500Exception", "org.apache.hadoop.
 def _chain(exc: BaseException) -> list[tuple[str, str]]:
     """(Java class name, message) of the Java exception behind ``exc`` and its causes."""
     out: list[tuple[str, str]] = []
-    je = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)  # py4j's, or pyspark's captured
+
+    def java(e: object) -> Any:  # py4j's error, or pyspark's captured one (a query's: its cause's)
+        return getattr(e, "java_exception", None) or getattr(e, "_origin", None)
+
+    je = java(exc) or java(getattr(exc, "_cause", None))
     while je is not None and len(out) < 20:
         try:
             out.append((str(je.getClass().getName()), str(je.getMessage())))
@@ -36,6 +40,16 @@ def _chain(exc: BaseException) -> list[tuple[str, str]]:
         except Exception:
             break
     return out
+
+
+def _said(exc: BaseException) -> str:
+    """The messages of ``exc`` and of its causes (Python's, and those pyspark captured behind it)."""
+    out: list[str] = []
+    cause: object = exc
+    while cause is not None and len(out) < 20:
+        out.append(str(cause))
+        cause = getattr(cause, "_cause", None) or getattr(cause, "__cause__", None)
+    return " ".join(out)
 
 
 def _typed(kind: str, uri: str, detail: str, *, spark: bool) -> DeltaWheelError:
@@ -63,8 +77,10 @@ def _typed(kind: str, uri: str, detail: str, *, spark: bool) -> DeltaWheelError:
 def translate(exc: BaseException, uri: str) -> DeltaWheelError | None:
     """The typed error for ``exc`` raised while reaching ``uri`` (None: not an object-store failure)."""
     chain = _chain(exc)
-    classes = [c for c, _ in chain]
-    text = " ".join(m for _, m in chain) or str(exc)
+    # pyspark keeps a query's Java causes as text ("java.net.ConnectException: ..."): their class names too
+    said = _said(exc)
+    classes = [c for c, _ in chain] + [c for c in (*_UNREACHABLE, *_FAILED) if c + ":" in said]
+    text = " ".join(m for _, m in chain) or said
     if any(c in _MISSING for c in classes) or "NoSuchBucket" in text or "UnknownStoreException" in text:
         return _typed("missing", uri, "", spark=True)
     if any(c in _DENIED for c in classes) or "Status Code: 403" in text or "AccessDeniedException" in text:
@@ -136,8 +152,9 @@ def store_failure(exc: BaseException, uri: str) -> DeltaWheelError | None:
     """The typed error for ``exc`` if the object store of ``uri`` failed under it, through Spark's
     JVM or pyarrow, at any step of a command (None: another error)."""
     typed = translate(exc, uri)
-    if typed is None and isinstance(exc, OSError) and (kind := _pa_kind(str(exc))) is not None:
-        typed = _typed(kind, uri, str(exc)[:200], spark=False)
+    said = _said(exc)  # pyarrow's OSError, also inside a Spark task's error or one of ours
+    if typed is None and (isinstance(exc, OSError) or "AWS Error" in said) and (kind := _pa_kind(said)):
+        typed = _typed(kind, uri, said[:200], spark=False)
     return typed
 
 

@@ -15,6 +15,7 @@ from ..delta.maintenance import COMMIT_CHECKPOINT_INTERVAL
 from ..delta.storefs import table_files
 from ..exceptions import ConfigError, DeltaWheelError
 from ..layout import StoreLayout, validate_name
+from ..objectstore.errors import raise_store_failure
 from ..sqltext import sql_path, sql_str
 
 __all__ = ["STREAM_FORMAT_VERSION", "BUILTIN_VIEWS", "RESERVED_STREAM_NAMES", "stream_schema_ddl",
@@ -101,6 +102,7 @@ def ensure_stream_table(spark: Any, layout: StoreLayout, name: str) -> str:
     except DeltaWheelError:
         raise
     except Exception as exc:
+        raise_store_failure(exc, layout.root)  # a store that does not serve is not a path to clear
         cause = type(exc).__name__ + (f": {str(exc).strip().splitlines()[0]}" if str(exc).strip() else "")
         raise ConfigError(f"the table of stream {name!r} cannot be made at {path}: {cause}; clear that path "
                           "(nothing but the stream's Delta table belongs there) and run again") from exc

@@ -100,7 +100,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return exit_code(err)
 
 
-def _typed(exc: Exception, store: object) -> DeltaWheelError | None:
+def _typed(exc: Exception, store: object = None) -> DeltaWheelError | None:
     """The typed error of a full disk (exit 9), of ZooKeeper's session or connection lost (exit 4) or
     of an ``s3a://`` ``store``'s object store failing (exit 5) under any call, Python's or the JVM's;
     None: another error (a traceback)."""

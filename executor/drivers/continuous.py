@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.storefs import files_resolver
-from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError, ObjectStoreUnreachableError
+from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import ensure_stream_table
 
@@ -34,10 +34,7 @@ from .wiring import Wiring
 if TYPE_CHECKING:
     from deltawheel.gc.background import BackgroundGc
 
-__all__ = ["ContinuousRun", "StopReport", "STORE_PAUSE_S"]
-
-#: How long a stage whose object store does not answer tries to start again before the run stops.
-STORE_PAUSE_S = 300.0
+__all__ = ["ContinuousRun", "StopReport"]
 
 
 class _Stopping(Exception):
@@ -77,7 +74,6 @@ class ContinuousRun:
             spark, layout, pipeline, wiring=wiring, instance=instance, progress=self._log, write_path=write_path)
         self.stages: dict[str, Stage] = {}
         self._stopping = threading.Event()
-        self._asked = threading.Event()  # SIGTERM or Ctrl-C in run_until_stopped
         self._wake = threading.Event()  # the ticks wait on it: a tool's hand-over request, or the stop
         self._handover: HandoverWatch | None = None
         self._ticker: threading.Thread | None = None
@@ -116,7 +112,7 @@ class ContinuousRun:
             self._handover = HandoverWatch(self.wiring.client, self.pipeline.name, [c.name for c in self._comps],
                                            wake=self._wake, stopping=self._stopping)
             for comp in self._comps:
-                self._start_until_up(comp)
+                self._start_stage(comp)
         except BaseException:
             self._stopping.set()
             self._shutdown(timeout_s=60.0)
@@ -129,68 +125,19 @@ class ContinuousRun:
         return self
 
     def check(self) -> None:
-        """Raise the typed error of a failed batch or tick, or Spark's error of a query that ended by itself;
-        a stage that failed because the object store did not answer starts again instead (:meth:`_again`)."""
-        for stage in list(self.stages.values()):
+        """Raise the typed error of a failed batch or tick, or Spark's error of a query that ended by itself."""
+        for stage in self.stages.values():
             if stage.failed:
-                self._again(stage, stage.failed[-1], stage.failed[-1])
+                raise stage.failed[-1]
         if self._stopping.is_set():
             return
-        for name, stage in list(self.stages.items()):
+        for name, stage in self.stages.items():
             q = stage.query
             if q is not None and not q.isActive:
                 exc = q.exception()
-                self._again(stage, exc, BatchFailedError(
-                    f"{self.pipeline.name}: the query of {name} ended by itself" + (f": {exc}" if exc is not None
-                                                                                    else "")
-                    + "; the same command again resumes it from its checkpoint"))
-
-    def _again(self, stage: Stage, cause: BaseException | None, err: BaseException) -> None:
-        """Start ``stage`` again in this process (:meth:`_start_until_up`) when ``cause`` is its object
-        store not answering or failing with a server error; raise ``err`` for any other failure."""
-        if self._stopping.is_set() or self._asked.is_set() or (typed := self._store_down(cause)) is None:
-            raise err
-        self._log(f"{stage.comp.name}: {type(typed).__name__}: {typed}; the stage starts again in this process")
-        self._start_until_up(stage.comp)
-        self._log(f"{stage.comp.name}: started again")
-
-    def _store_down(self, exc: BaseException | None) -> DeltaWheelError | None:
-        """The typed error when ``exc`` is the object store of an ``s3a://`` store not serving (None: other)."""
-        from deltawheel.statestore.objectstore.errors import store_failure
-
-        if exc is None or self.layout.is_local:
-            return None
-        return exc if isinstance(exc, ObjectStoreUnreachableError) else store_failure(exc, self.layout.root)
-
-    def _start_until_up(self, comp: Computation) -> None:
-        """Start ``comp``'s stage, as a new process would: what a failed one left stopped (its leases
-        go back), a new executor's leases (new sequencers fence the old one) and recovery, the query
-        resumed from its checkpoint. While the object store does not serve, tried every 2 s for
-        :data:`STORE_PAUSE_S`; any other failure is raised."""
-        deadline = time.monotonic() + STORE_PAUSE_S
-        while True:
-            if comp.name in self.stages:
-                self._retire(self.stages[comp.name])
-            try:
-                self._start_stage(comp)
-                return
-            except Exception as exc:
-                if self._store_down(exc) is None or time.monotonic() >= deadline or self._stopping.is_set() \
-                        or self._asked.is_set():
-                    raise
-                self._log(f"{comp.name}: the store does not serve yet ({type(exc).__name__}); trying again")
-                time.sleep(2.0)
-
-    def _retire(self, stage: Stage) -> None:
-        """Stop ``stage``'s query and executor (its leases go back), whatever fails on the way."""
-        with stage.lock:
-            for part in (stage.query, stage.ex):
-                try:
-                    if part is not None:
-                        part.stop()
-                except Exception as exc:
-                    self._log(f"{stage.comp.name}: stopping failed: {type(exc).__name__}: {exc}")
-            stage.query = stage.ex = None
+                raise BatchFailedError(f"{self.pipeline.name}: the query of {name} ended by itself"
+                                       + (f": {exc}" if exc is not None else "")
+                                       + "; the same command again resumes it from its checkpoint")
 
     def await_termination(self, timeout_s: float | None = None) -> bool:
         """Until the run is stopped or a query fails (raised by :meth:`check`); False after ``timeout_s``."""
@@ -205,7 +152,7 @@ class ContinuousRun:
     def run_until_stopped(self, *, seconds: float | None = None, drain: bool = False) -> StopReport:
         """Block until SIGTERM, Ctrl-C, ``seconds`` or a failure, then :meth:`stop` (or :meth:`drain`);
         a batch's own typed DeltaWheelError is raised after the run was stopped."""
-        asked = self._asked
+        asked = threading.Event()
         old: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):

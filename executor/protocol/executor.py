@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -112,13 +113,14 @@ class ComputationExecutor:
             name=f"declare-{self.comp.name}")
         try:
             check_store(self.layout)  # a lost or torn commit refuses the start (statestore/inspection/damage.py)
-            rec = self.path.acquire(self._wanted, wait_s=wait_s)
-            if streams_ready:  # (else a batch waits for them where it needs one)
-                try:
+            try:
+                rec = self.path.acquire(self._wanted, wait_s=wait_s)
+                if streams_ready:  # (else a batch waits for them where it needs one)
                     self.path.streams_ready()
-                except BaseException:
+            except BaseException:  # a failed recovery too (a store not serving): the process may go on
+                with contextlib.suppress(Exception):
                     self.owner.release()
-                    raise
+                raise
         finally:
             if declaring is not None:
                 concurrent.futures.wait([declaring])

@@ -119,7 +119,7 @@ def probe_store(spark: Any, layout: StoreLayout) -> None:
 _PA_KINDS = {"missing": ("NO_SUCH_BUCKET", "NoSuchBucket"),
              "denied": ("ACCESS_DENIED", "SIGNATURE_DOES_NOT_MATCH", "INVALID_ACCESS_KEY_ID", "AccessDenied"),
              "unreachable": ("NETWORK_CONNECTION", "Couldn't connect", "curlCode", "UNKNOWN (HTTP status 0)"),
-             "failed": ("INTERNAL_FAILURE", "SERVICE_UNAVAILABLE", "SLOW_DOWN")}
+             "failed": ("INTERNAL_FAILURE", "SERVICE_UNAVAILABLE")}
 
 
 def _pa_kind(text: str) -> str | None:

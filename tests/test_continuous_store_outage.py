@@ -51,7 +51,7 @@ def test_a_live_pipeline_whose_object_store_was_killed_stops_typed_and_a_restart
                 time.sleep(0.5)
             server.kill()
             write_file(folder, "part-1.parquet", rows[30:])  # the next batch commits to a store that is gone
-            with pytest.raises(DeltaWheelError) as stopped:  # typed: the command line exits 5 or 9, a retry
+            with pytest.raises(DeltaWheelError):  # typed: the command line exits 5 or 9, a retry
                 while time.monotonic() < deadline:
                     run.check()
                     time.sleep(0.5)

@@ -29,6 +29,7 @@ from . import (
     m0005_column_comments,
     m0006_background_log_checkpoints,
     m0007_fold_delta_files,
+    m0008_rows_per_computation,
 )
 
 __all__ = ["CODE_SCHEMA_VERSION", "MIGRATIONS", "PlannedMigration", "applied_versions", "applied_version",
@@ -36,7 +37,7 @@ __all__ = ["CODE_SCHEMA_VERSION", "MIGRATIONS", "PlannedMigration", "applied_ver
 
 MIGRATIONS: tuple[ModuleType, ...] = (m0001_meta_and_rows, m0002_dead_letters_late_data, m0003_checkpoint_interval,
                                       m0004_timer_seq, m0005_column_comments, m0006_background_log_checkpoints,
-                                      m0007_fold_delta_files)
+                                      m0007_fold_delta_files, m0008_rows_per_computation)
 CODE_SCHEMA_VERSION: int = max(m.VERSION for m in MIGRATIONS)
 
 

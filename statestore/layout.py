@@ -46,8 +46,18 @@ class StoreLayout:
 
     @property
     def rows(self) -> str:
-        """The ``rows`` table: one row per (computation, key)."""
+        """The store's first rows table: its Delta id is the store's identity. Since migration 8 it
+        holds no rows; each computation's are in :meth:`rows_of`."""
         return f"{self.root}/rows"
+
+    @property
+    def computations_root(self) -> str:
+        """The folder holding one rows table per computation."""
+        return f"{self.root}/computations"
+
+    def rows_of(self, computation: str) -> str:
+        """The rows table of ``computation``: one row per key (checked as a SQL identifier)."""
+        return f"{self.computations_root}/{validate_name('computation', computation)}/rows"
 
     @property
     def dead_letters(self) -> str:

@@ -40,7 +40,7 @@ def _run(args: argparse.Namespace) -> int:
     with common.store_zookeeper(args) as (layout, cfg, client):
         spark = common.spark_from(args)
         held = store_sequencers(spark, layout)
-        recorded = recorded_injector_watermarks(spark, layout.rows, held)
+        recorded = recorded_injector_watermarks(spark, layout, held)
         plan = plan_reseed(spark, layout, client, pipeline=args.pipeline, injectors=recorded, sequencers=held)
         after = apply_reseed(spark, layout, client, plan, acls=digest_acls(cfg)) if args.apply else None
     if args.json:

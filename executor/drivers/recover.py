@@ -10,6 +10,7 @@ from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.rowtable.store import RowStore
+from deltawheel.statestore.rowtable.tables import ensure_rows_table
 from deltawheel.statestore.writepath.streams import list_streams
 from deltawheel.statestore.zk.lease_tools import list_leases
 from deltawheel.statestore.zk.leases import LeaseManager
@@ -83,9 +84,9 @@ def scan(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str,
     leases = list_leases(client, pipeline=pipeline)
     found = computations_of(client, pipeline=pipeline, names=computations, leases=leases)
     owners = {(r["computation"], int(r["interval"])): r["owner"] for r in leases}
-    rows = spark.read.format("delta").load(layout.rows)
     out: list[IntervalStatus] = []
     for name, n in sorted(found.items()):
+        rows = spark.read.format("delta").load(ensure_rows_table(spark, layout, name))
         held = (rows.where(F.col("computation") == name).select("interval", F.explode("pending").alias("p"))
                 .select("interval", F.col("p.stream").alias("stream"), F.col("p.production_id").alias("id"))
                 .localCheckpoint())

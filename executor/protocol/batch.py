@@ -187,7 +187,7 @@ class BatchProtocol:
     def opened(self) -> None:
         """After the start: the newest lateness mark, and the taken intervals' committed input files."""
         ex = self.ex
-        marks = newest_marks(ex.spark, ex.layout.rows, ex.comp.name, sorted(ex.owner.intervals))
+        marks = newest_marks(ex.spark, ex.layout.rows_of(ex.comp.name), ex.comp.name, sorted(ex.owner.intervals))
         self.acted = marks[0] if marks else None  # the newest of any held interval (its injector watermarks)
         self.lines = interval_lines(marks, ex.owner.intervals)
         if ex.authority is not None and self.acted is not None and self.watermarks.hook_observes_early():

@@ -9,6 +9,7 @@ from typing import Any, Iterable, Mapping
 
 from deltawheel.statestore.delta.log import newest_commit_info
 from deltawheel.statestore.delta.storefs import table_files
+from deltawheel.statestore.layout import StoreLayout
 
 __all__ = ["ActedMark", "MARK_FORMAT_VERSION", "newest_marks", "interval_lines", "judged",
            "recorded_injector_watermarks"]
@@ -144,12 +145,12 @@ def newest_marks(spark: Any, rows_path: str, computation: str, intervals: Iterab
     return found
 
 
-def recorded_injector_watermarks(spark: Any, rows_path: str,
+def recorded_injector_watermarks(spark: Any, layout: StoreLayout,
                                  computations: Mapping[str, Iterable[int]]) -> dict[str, int]:
     """Per injector, the largest watermark the newest marks of ``computations``' intervals record."""
     out: dict[str, int] = {}
     for comp, ivs in sorted(computations.items()):
-        for mark in newest_marks(spark, rows_path, comp, ivs):
+        for mark in newest_marks(spark, layout.rows_of(comp), comp, ivs):
             for name, wm in mark.injectors.items():
                 out[name] = max(wm, out.get(name, wm))
     return out

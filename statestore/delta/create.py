@@ -6,7 +6,7 @@ import json
 import os
 import time
 import uuid
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 __all__ = ["create_local_table", "spark_type_json"]
 
@@ -30,23 +30,26 @@ def spark_type_json(ddl_type: str) -> Any:
     return _SIMPLE[t]
 
 
-def create_local_table(spark: Any, folder: str, *, schema_json: str, properties: Mapping[str, str]) -> bool:
+def create_local_table(spark: Any, folder: str, *, schema_json: str, properties: Mapping[str, str],
+                       partition_columns: Sequence[str] = (), protocol: Mapping[str, Any] | None = None) -> bool:
     """Write the first commit of a Delta table (``schemaString``, ``TBLPROPERTIES``) in the local
-    ``folder``, put-if-absent; False (nothing written): the session sets :data:`DELTA_TABLE_DEFAULTS`."""
+    ``folder``, put-if-absent; False (nothing written): the session sets :data:`DELTA_TABLE_DEFAULTS`.
+    ``protocol``: the table's protocol action (default: reader 1, writer 2)."""
     if any(k.startswith(DELTA_TABLE_DEFAULTS) for k in spark.conf.getAll):
         return False
     props = dict(properties)
+    parts = list(partition_columns)
     now = int(time.time() * 1000)
     actions: list[dict[str, Any]] = [
         {"commitInfo": {"timestamp": now, "operation": "CREATE TABLE", "operationParameters": {
-            "partitionBy": "[]", "clusterBy": "[]", "description": None, "isManaged": "false",
+            "partitionBy": json.dumps(parts), "clusterBy": "[]", "description": None, "isManaged": "false",
             "properties": json.dumps(props, separators=(",", ":"))},
             "isolationLevel": "Serializable", "isBlindAppend": True, "operationMetrics": {},
             "engineInfo": "deltawheel", "txnId": str(uuid.uuid4())}},
         {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
-                      "schemaString": schema_json, "partitionColumns": [], "configuration": props,
+                      "schemaString": schema_json, "partitionColumns": parts, "configuration": props,
                       "createdTime": now}},
-        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+        {"protocol": dict(protocol) if protocol else {"minReaderVersion": 1, "minWriterVersion": 2}},
     ]
     log = os.path.join(folder, "_delta_log")
     os.makedirs(log, exist_ok=True)

@@ -10,6 +10,7 @@ from kazoo.client import KazooClient
 from kazoo.security import ACL
 
 from ..layout import StoreLayout
+from ..rowtable.tables import rows_frame
 from ..zk.binding import bind_store, store_path
 from ..zk.lease_tools import next_sequencers, raise_sequencers
 from ..zk.watermarks import WatermarkAuthority, read_injector_watermark
@@ -51,8 +52,10 @@ def store_sequencers(spark: Any, layout: StoreLayout) -> dict[str, dict[int, int
     """Per computation, interval -> the highest sequencer of any row (fence rows included)."""
     from pyspark.sql import functions as F
 
-    df = spark.read.format("delta").load(layout.rows)
+    df = rows_frame(spark, layout)
     out: dict[str, dict[int, int]] = {}
+    if df is None:
+        return out
     for r in (df.where(F.col("sequencer").isNotNull()).groupBy("computation", "interval")
               .agg(F.max("sequencer").alias("s")).collect()):
         out.setdefault(str(r["computation"]), {})[int(r["interval"])] = int(r["s"])

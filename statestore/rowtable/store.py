@@ -37,6 +37,7 @@ from .filecommit import merge_files
 from .filescan import interval_rows
 from .frames import arrow_schema, local_frame
 from .rows import FENCE_KEY, KeyRow, interval_of, is_user_key, rows_file_ddl, rows_schema_ddl, validate_key
+from .tables import ensure_rows_table
 
 __all__ = ["RowStore", "CommitResult", "StoreStats", "COMMIT_META_VERSION", "commit_metadata",
            "raise_if_fenced"]
@@ -85,20 +86,23 @@ class RowStore:
         self.fence_retries = fence_retries
         self.stats = StoreStats()
         self._lock = threading.Lock()
-        self._row_files: TableFiles | None = None
-        self._row_files_known = False
+        self._row_files: dict[str, TableFiles | None] = {}
 
     def table_id(self) -> str:
-        """The rows table's Delta table id: the store's identity."""
+        """The store's first rows table's Delta table id: the store's identity."""
         return TableLog(self._spark, self.layout.rows).table_id()
 
-    def _files(self) -> TableFiles | None:
-        if not self._row_files_known:
-            self._row_files, self._row_files_known = table_files(self._spark, self.layout.rows), True
-        return self._row_files
+    def path(self, computation: str) -> str:
+        """``computation``'s rows table, made on first use (``tables.py``)."""
+        return ensure_rows_table(self._spark, self.layout, computation)
 
-    def _table(self) -> Any:
-        return self._spark.read.format("delta").load(self.layout.rows)
+    def _files(self, computation: str) -> TableFiles | None:
+        if computation not in self._row_files:
+            self._row_files[computation] = table_files(self._spark, self.path(computation))
+        return self._row_files[computation]
+
+    def _table(self, computation: str) -> Any:
+        return self._spark.read.format("delta").load(self.path(computation))
 
     def _collect(self, df: Any) -> list[KeyRow]:
         return [KeyRow.from_row(r) for r in df.toArrow().to_pylist()]
@@ -111,8 +115,8 @@ class RowStore:
         if not keys:
             return {}
         ivs = sorted({interval_of(k, num_intervals) for k in keys})
-        df = self._table().where((F.col("computation") == computation) & F.col("interval").isin(ivs)
-                                 & F.col("key").isin(keys))
+        df = self._table(computation).where((F.col("computation") == computation) & F.col("interval").isin(ivs)
+                                            & F.col("key").isin(keys))
         return {r.key: r for r in self._collect(df)}
 
     def scan_intervals(self, computation: str, intervals: Iterable[int], *, include_fences: bool = False) -> list[KeyRow]:
@@ -120,10 +124,10 @@ class RowStore:
         from pyspark.sql import functions as F
 
         ivs = sorted(set(intervals))
-        files = self._files()
+        files = self._files(computation)
         rows = None if files is None else interval_rows(files, computation, ivs)
         if rows is None:
-            rows = self._collect(self._table().where((F.col("computation") == computation) & F.col("interval").isin(ivs)))
+            rows = self._collect(self._table(computation).where((F.col("computation") == computation) & F.col("interval").isin(ivs)))
         return [r for r in rows if is_user_key(r.key) or (include_fences and r.is_fence)]
 
     def fences(self, computation: str) -> dict[int, int]:
@@ -139,7 +143,7 @@ class RowStore:
                 top = pc.max(table["sequencer"]).as_py()
                 out[iv] = max(out.get(iv, top), top)
             return out
-        df = self._table().where((F.col("computation") == computation) & (F.col("key") == FENCE_KEY))
+        df = self._table(computation).where((F.col("computation") == computation) & (F.col("key") == FENCE_KEY))
         return {int(r["interval"]): int(r["s"]) for r in
                 df.groupBy("interval").agg(F.max("sequencer").alias("s")).collect()}
 
@@ -148,7 +152,7 @@ class RowStore:
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        files = self._files()
+        files = self._files(computation)
         if files is None:
             return None
         snap = read_snapshot(files)
@@ -180,7 +184,7 @@ class RowStore:
         if found is not None:
             states = [(iv, s) for iv, table in found for s in table["state"].to_pylist()]
         else:
-            df = self._table().where((F.col("computation") == computation) & (F.col("key") == FENCE_KEY)
+            df = self._table(computation).where((F.col("computation") == computation) & (F.col("key") == FENCE_KEY)
                                      & F.col("state").isNotNull()).select("interval", "state")
             states = [(int(r["interval"]), r["state"]) for r in df.collect()]
         out: dict[int, frozenset[str]] = {}
@@ -201,7 +205,7 @@ class RowStore:
         writes the files, a quick *claim* commit goes first, so an old owner in a tight loop cannot
         win every race; ``claim_only``: stop after it; ``check=False``: the caller checks."""
         validate_name("computation", computation)
-        if sequencers and (files := table_files(self._spark, self.layout.rows)) is not None:
+        if sequencers and (files := self._files(computation)) is not None:
             self._claim(computation, sequencers, files)
             if claim_only:
                 if check:
@@ -227,7 +231,7 @@ class RowStore:
         meta = json.dumps({"deltawheel": COMMIT_META_VERSION, "kind": "claim", "writer": self.writer,
                            "computation": computation, "commit_id": commit_id,
                            "sequencers": {str(iv): s for iv, s in sequencers.items()}}, sort_keys=True)
-        log = TableLog(self._spark, self.layout.rows)
+        log = TableLog(self._spark, self.path(computation))
         for attempt in itertools.count(1):
             try:
                 log.commit(add=adds, user_metadata=meta, read_partitions=[
@@ -322,8 +326,8 @@ class RowStore:
                 if lease_check is not None:
                     lease_check()
                 try:
-                    if frame is None and (files := self._files()) is not None:
-                        merge_files(TableLog(self._spark, self.layout.rows), files, src, computation=computation,
+                    if frame is None and (files := self._files(computation)) is not None:
+                        merge_files(TableLog(self._spark, self.path(computation)), files, src, computation=computation,
                                     intervals=touched, meta=info)
                     else:
                         self._merge(src, computation, touched, info, frame=frame)
@@ -360,8 +364,9 @@ class RowStore:
         conf = self._spark.conf
         conf.set("spark.databricks.delta.commitInfo.userMetadata", meta)
         try:
-            self._spark.sql(merge_sql(self.layout.rows, view, computation=computation, intervals=intervals))
-            note_merge(self._spark, self.layout.rows)
+            path = self.path(computation)
+            self._spark.sql(merge_sql(path, view, computation=computation, intervals=intervals))
+            note_merge(self._spark, path)
         finally:
             conf.unset("spark.databricks.delta.commitInfo.userMetadata")
             self._spark.catalog.dropTempView(view)
@@ -412,8 +417,8 @@ def raise_if_fenced(computation: str, fences: Mapping[int, int], sequencers: Map
                 f"(taken over; this writer holds {seq}); nothing was committed. Stop this instance.")
 
 
-def commit_metadata(spark: Any, layout: StoreLayout) -> list[tuple[int, dict[str, Any] | None]]:
-    """(version, parsed userMetadata) of every commit of the rows table, oldest first."""
-    hist = spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}`").select("version", "userMetadata").collect()
+def commit_metadata(spark: Any, layout: StoreLayout, computation: str) -> list[tuple[int, dict[str, Any] | None]]:
+    """(version, parsed userMetadata) of every commit of ``computation``'s rows table, oldest first."""
+    hist = spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows_of(computation)}`").select("version", "userMetadata").collect()
     return [(int(r["version"]), json.loads(r["userMetadata"]) if r["userMetadata"] else None)
             for r in sorted(hist, key=lambda r: r["version"])]

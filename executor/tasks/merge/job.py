@@ -29,7 +29,7 @@ def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any |
     ivs = list(intervals)
     if prep is not None:  # join within one session: foreachBatch frames live in the query's clone
         spark = prep.sparkSession
-    rows = (spark.read.format("delta").load(layout.rows)
+    rows = (spark.read.format("delta").load(layout.rows_of(comp.name))
             .where((F.col("computation") == comp.name) & F.col("interval").isin(ivs) & (F.col("key") != FENCE_KEY)
                    & ~F.col("key").startswith(IDS_KEY_PREFIX)))
     due = (F.size("pending") > 0) | (F.col("next_processing_timer_ms") <= F.lit(now_ms))

@@ -20,6 +20,7 @@ from ...ownership.owner import IntervalOwner
 from ...rowtable.fencing import translate_commit_error
 from ...rowtable.frames import arrow_schema
 from ...rowtable.store import COMMIT_META_VERSION, raise_if_fenced
+from ...rowtable.tables import ensure_rows_table
 from .. import Recovered, StaleViewError, WritePath
 from ..delivery import deliver_productions
 from ..streams import STREAM_FORMAT_VERSION, ensure_stream_table, stream_schema_ddl
@@ -63,13 +64,13 @@ class ImagePath(WritePath[BatchOutput]):
 
     @cached_property
     def log(self) -> TableLog:
-        """The rows table's log (opened on first use: after the store exists)."""
-        return TableLog(self.spark, self.layout.rows)
+        """The computation's rows table's log (opened on first use: after the store exists)."""
+        return TableLog(self.spark, ensure_rows_table(self.spark, self.layout, self.name))
 
     @cached_property
     def rows_files(self) -> TableFiles:
-        """The rows table's files (what the tasks read and write)."""
-        files = table_files(self.spark, self.layout.rows)
+        """The computation's rows table's files (what the tasks read and write)."""
+        files = table_files(self.spark, ensure_rows_table(self.spark, self.layout, self.name))
         assert files is not None  # the executor picks this path only where storefs.supports the store
         return files
 

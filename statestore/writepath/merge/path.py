@@ -10,6 +10,7 @@ from ...exceptions import WritePathSwitchError
 from ...layout import StoreLayout
 from ...ownership.owner import IntervalOwner
 from ...rowtable.rows import IDS_KEY_PREFIX, Production, rows_schema_ddl
+from ...rowtable.tables import ensure_rows_table
 from .. import Recovered, WritePath
 from ..delivery import deliver_frame, deliver_productions
 from ..streams import ensure_stream_table
@@ -74,7 +75,7 @@ class MergePath(WritePath[MergeBatch]):
 
         ivs = sorted(self.owner.intervals)
         found = sorted(int(r["interval"]) for r in (
-            self.spark.read.format("delta").load(self.layout.rows)
+            self.spark.read.format("delta").load(ensure_rows_table(self.spark, self.layout, self.name))
             .where((F.col("computation") == self.name) & F.col("interval").isin(ivs)
                    & F.col("key").startswith(IDS_KEY_PREFIX))
             .select("interval").distinct().collect()))

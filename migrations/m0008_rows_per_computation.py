@@ -1,21 +1,24 @@
 """Migration 8: a rows table per computation (docs/scale.md, "Raising it").
 
-Each computation's live files of the store's first rows table are linked or copied, unchanged, into
-``computations/<name>/rows`` and added there in one commit; then one commit empties the first table,
-which keeps the store's identity. Its history stays readable there until gc's vacuum. A writer of
-schema 7 meets version 8 and refuses the store (``SchemaTooNewError``)."""
+Each computation's table starts as a copy of the store's first rows table's log, with that
+computation's files (linked where the store is local): its versions go on from the first table's,
+so every version a stream's delivery records (``deltawheel.<computation>.<interval>``) stays
+below the versions its new commits make. One commit then removes the other computations' files;
+a last one empties the first table, which keeps the store's identity. A writer of schema 7 meets
+version 8 and refuses the store (``SchemaTooNewError``)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any
 
-from deltawheel.statestore.delta.log import commit_infos, local_path, user_metadata
+from deltawheel.statestore.delta.log import commit_infos, local_path, local_table_exists, user_metadata
 from deltawheel.statestore.delta.storefs import table_files
-from deltawheel.statestore.delta.txn import FileEntry, TableLog, decode_path
+from deltawheel.statestore.delta.txn import TableLog, decode_path
+from deltawheel.statestore.exceptions import MigrationError
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.rowtable.tables import ensure_rows_table
 
 from . import m0007_fold_delta_files
 
@@ -24,13 +27,12 @@ __all__ = ["VERSION", "NAME", "SPLIT", "describe", "apply"]
 VERSION = 8
 NAME = "rows_per_computation"
 SPLIT = "split"  # the ``kind`` of the commits this migration makes
-_DROPPED = ("deletionVector", "baseRowId", "defaultRowCommitVersion")
 
 
 def describe(layout: StoreLayout) -> str:
     """One line saying what :func:`apply` does to ``layout``."""
-    return (f"move each computation's rows from {layout.rows} into a table of its own "
-            f"({layout.computations_root}/<computation>/rows), then empty {layout.rows} (it keeps the store's id)")
+    return (f"give each computation a rows table of its own ({layout.computations_root}/<computation>/rows), "
+            f"its versions going on from {layout.rows}'s, then empty {layout.rows} (it keeps the store's id)")
 
 
 def _meta(**fields: Any) -> str:
@@ -46,57 +48,67 @@ def _split_done(spark: Any, path: str) -> bool:
     return any(SPLIT in str(r["userMetadata"] or "") for r in hist)
 
 
-def _place(spark: Any, layout: StoreLayout, src: str, dst: str, rel: str) -> None:
-    """The file ``rel`` of table ``src`` at the same place below table ``dst`` (a link where it can)."""
+def _copy_tree(spark: Any, src: str, dst: str, rel: str, *, only: set[str] | None = None) -> None:
+    """The files below ``rel`` of table ``src`` at the same places below ``dst`` (``only``: just
+    those relative paths); hard links where both are local."""
     a, b = local_path(src), local_path(dst)
     if a is not None and b is not None:
-        target = os.path.join(b, rel)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        if not os.path.exists(target):
-            try:
-                os.link(os.path.join(a, rel), target)
-            except OSError:
-                import shutil
-
-                shutil.copyfile(os.path.join(a, rel), target)
+        for folder, _dirs, names in os.walk(os.path.join(a, rel)):
+            for name in names:
+                here = os.path.join(folder, name)
+                target = os.path.join(b, os.path.relpath(here, a))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                if not os.path.exists(target):
+                    try:
+                        os.link(here, target)
+                    except OSError:
+                        shutil.copyfile(here, target)
         return
     fa, fb = table_files(spark, src), table_files(spark, dst)
-    assert fa is not None and fb is not None  # the caller checked
-    fa.fs.copy_file(fa.path(rel), fb.path(rel))
+    if fa is None or fb is None:
+        raise MigrationError(f"{src} is on a store Python does not reach; migration 8 copies its files with "
+                             "pyarrow (local folders and s3a:// stores)")
+    from pyarrow import fs as pafs
+
+    base = fa.path(rel)
+    for info in fa.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True, recursive=True)):
+        if info.type != pafs.FileType.File:
+            continue
+        sub = f"{rel}/{info.path[len(base):].lstrip('/')}" if rel else info.path[len(fa.path('')):].lstrip("/")
+        if only is None or sub in only:
+            fb.fs.copy_file(info.path, fb.path(sub))
 
 
-def _add(entry: FileEntry) -> str:
-    action = json.loads(entry.action_json)["add"]
-    for key in _DROPPED:
-        action.pop(key, None)
-    return json.dumps({"add": {**action, "dataChange": True}})
+def _clear(spark: Any, path: str) -> None:
+    """Remove a table a split left half made (no writer uses the store before the migration ends)."""
+    folder = local_path(path)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    files = table_files(spark, path)
+    if files is not None:
+        files.fs.delete_dir_contents(files.path(""), missing_dir_ok=True)
 
 
 def apply(spark: Any, layout: StoreLayout) -> None:
-    """Fold what migration 7 folds, move each computation's files, then empty the first table."""
+    """Fold what migration 7 folds, give each computation its table, then empty the first table."""
     m0007_fold_delta_files.apply(spark, layout)  # no deletion vector left to carry over
     old = TableLog(spark, layout.rows)
     version, entries = old.files("true", where=lambda _pv: True)
-    by_comp: dict[str, list[FileEntry]] = {}
-    for f in entries:
-        by_comp.setdefault(f.part("computation") or "", []).append(f)
-    python = table_files(spark, layout.rows) is not None
-    for name, files in sorted(by_comp.items()):
-        path = ensure_rows_table(spark, layout, name)
-        if _split_done(spark, path):
+    names = sorted({f.part("computation") or "" for f in entries})
+    for name in names:
+        path = layout.rows_of(name)
+        exists = local_table_exists(table_files(spark, path) or path)
+        if exists and _split_done(spark, path):
             continue
-        if python and not any(f.has_deletion_vector for f in files):
-            for f in files:
-                _place(spark, layout, layout.rows, path, decode_path(f.path))
-            TableLog(spark, path).commit(add=[_add(f) for f in files],
-                                         user_metadata=_meta(from_version=version, computation=name))
-        else:  # a store only Spark reaches: the rows rewritten (the MERGE path keeps no ids files)
-            spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", _meta(from_version=version,
-                                                                                   computation=name))
-            try:
-                (spark.read.format("delta").option("versionAsOf", version).load(layout.rows)
-                 .where(f"computation = '{name}'").write.format("delta").mode("append").save(path))
-            finally:
-                spark.conf.unset("spark.databricks.delta.commitInfo.userMetadata")
+        if exists is not False:
+            _clear(spark, path)
+        live = {decode_path(f.path) for f in entries if f.part("computation") == name}
+        _copy_tree(spark, layout.rows, path, f"computation={name}",
+                   only=None if local_path(path) is not None else live)
+        _copy_tree(spark, layout.rows, path, "_delta_log")
+        shard = TableLog(spark, path)
+        _v, theirs = shard.files("true", where=lambda pv, name=name: pv.get("computation") != name)  # type: ignore[misc]
+        shard.commit(remove=theirs, user_metadata=_meta(from_version=version, computation=name))
     if entries:
-        old.commit(remove=entries, user_metadata=_meta(computations=sorted(by_comp)))
+        old.commit(remove=entries, user_metadata=_meta(computations=names))

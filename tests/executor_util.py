@@ -163,7 +163,7 @@ def store_sql(spark: Any, layout: Any, statement: str) -> list[Any]:
 def state_of(spark: Any, layout: Any, computation: str) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
-    df = spark.read.format("delta").load(layout.rows).where(
+    df = spark.read.format("delta").load(layout.rows_of(computation)).where(
         (F.col("computation") == computation) & ~F.col("key").startswith("\x00"))
     return {r["key"]: (None if r["state"] is None else J.decode(r["state"]),
                        sorted((t["tag"], t["time_ms"]) for t in r["timers"])) for r in df.collect()}

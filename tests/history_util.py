@@ -82,7 +82,7 @@ def run_batches(spark: Any, layout: Any, zk_config: Any, *, write_path: str) -> 
     try:
         for b in range(len(BATCHES)):
             ex.run_batch(frame(spark, b), b, input_watermark_ms=None)
-            v = latest_local_version(table_files(spark, layout.rows) or layout.rows)
+            v = latest_local_version(table_files(spark, layout.rows_of(Summer.name)) or layout.rows_of(Summer.name))
             assert v is not None
             versions.append(v)
     finally:

@@ -22,6 +22,7 @@ import pytest
 from conftest import copy_migrated_store
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rowtable.tables import rows_frame
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark import cloudpickle
@@ -216,7 +217,7 @@ def check_outcome(spark: Any, store: StoreLayout, where: dict[str, dict[str, Ite
     from pyspark.sql import functions as F
 
     codec = get_codec("json")
-    rows = spark.read.format("delta").load(store.rows).where(~F.col("key").startswith("\x00")).collect()
+    rows = rows_frame(spark, store).where(~F.col("key").startswith("\x00")).collect()
     dead = spark.read.format("delta").load(store.dead_letters).collect()
     for stream, comp in (("lines", "json_ids"), ("rows", "parquet_ids")):
         items = where[stream]

@@ -75,7 +75,7 @@ def _run(spark: Any, root: Path, zk_config: Any, **options: Any) -> None:
 def _counts(spark: Any, root: Path) -> dict[str, int]:
     from pyspark.sql import functions as F
 
-    rows = spark.read.format("delta").load(StoreLayout(str(root / "store")).rows).where(
+    rows = spark.read.format("delta").load(StoreLayout(str(root / "store")).rows_of("clicks")).where(
         (F.col("computation") == "clicks") & ~F.col("key").startswith("\x00")).collect()
     return {r["key"]: get_codec("json").decode(r["state"]) for r in rows}
 

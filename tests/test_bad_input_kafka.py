@@ -104,7 +104,7 @@ def test_kafka_messages_not_in_the_expected_format_are_dead_letters_with_their_b
                             pipeline="payments") as engine:
         engine.run_pipeline(Pipeline("payments", (payments,), (KafkaIds(),)), progress=False)
     codec = get_codec("json")
-    got = {r["key"]: codec.decode(r["state"]) for r in spark.read.format("delta").load(store.rows).where(
+    got = {r["key"]: codec.decode(r["state"]) for r in spark.read.format("delta").load(store.rows_of(KafkaIds.name)).where(
         ~F.col("key").startswith("\x00")).collect()}
     want: dict[str, list[str]] = {}
     for pos, (_, why, key) in where.items():

@@ -41,7 +41,7 @@ def fired_and_open(spark: Any, layout: Any) -> tuple[list[tuple[str, int, int]],
     prods = spark.read.format("delta").load(layout.stream("counts")).collect()
     fired = [tuple(M.decode(r["value"])) for r in prods]
     assert all(r["key"] == k for r, (k, _, _) in zip(prods, fired, strict=True))
-    rows = spark.read.format("delta").load(layout.rows).where(
+    rows = spark.read.format("delta").load(layout.rows_of(WinCount.name)).where(
         (F.col("computation") == WinCount.name) & ~F.col("key").startswith("\x00")).collect()
     state: dict[tuple[str, int], int] = {}
     timers: dict[tuple[str, int], int] = {}

@@ -102,7 +102,7 @@ def test_the_readme_embedding_snippet_runs_as_written(spark, zk_server, tmp_path
     lows = re.findall(r"^buckets\b.*\blow (?:watermark )?([^;\s]+(?: [^;\s]+)?)", out, flags=re.M)
     assert lows[-1] == "end", out[-2000:]
     assert _counts(spark, engine.layout) == _bucket_counts(rows)
-    left = spark.read.format("delta").load(engine.layout.rows).where("computation = 'buckets' AND state IS NOT NULL")
+    left = spark.read.format("delta").load(engine.layout.rows_of("buckets")).where("computation = 'buckets' AND state IS NOT NULL")
     assert left.count() == 0  # every bucket's timer fired
     # closed: the client is stopped and no interval has an owner
     assert not engine.client.connected

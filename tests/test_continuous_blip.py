@@ -85,7 +85,7 @@ def _blip_while_running(spark: Any, tmp_path: Path, server: Any, migrated_at: An
         report = run.stop()
         assert report.unfinished == ()
         assert stage1.records_in_total == len(rows) + 1
-        committed_down = sorted(p.name for p in Path(layout.rows, "_delta_log").glob("*.json")
+        committed_down = sorted(p.name for p in Path(layout.computations_root).glob("*/rows/_delta_log/*.json")
                                 if down + 0.5 <= p.stat().st_mtime <= up)
         assert committed_down == []  # nothing committed while ZooKeeper was away
     assert outputs(spark, layout) == (want_users, want_totals)

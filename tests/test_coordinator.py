@@ -494,7 +494,7 @@ def _blip(server: Any, clients: list[Any], *, down_s: float, batch: int = 1
 
 
 def _commits_between(layout: StoreLayout, start: float, end: float) -> list[str]:
-    return sorted(p.name for p in Path(layout.rows, "_delta_log").glob("*.json") if start <= p.stat().st_mtime <= end)
+    return sorted(p.name for p in Path(layout.computations_root).glob("*/rows/_delta_log/*.json") if start <= p.stat().st_mtime <= end)
 
 
 class _KazooTrail(logging.Handler):

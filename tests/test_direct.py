@@ -240,7 +240,7 @@ def _outputs(spark: Any, layout: StoreLayout) -> tuple[Any, ...]:
     late = (spark.read.format("delta").load(layout.late_data)
             .select("computation", "stream", "record_id", "key", "value", "codec", "event_time_ms", "watermark_ms",
                     "reason").collect())
-    rows = (spark.read.format("delta").load(layout.rows)
+    rows = (spark.read.format("delta").load(layout.rows_of("routed"))
             .where((F.col("computation") == "routed")
                    & (~F.col("key").startswith("\x00") | F.col("key").startswith(IDS_KEY_PREFIX))))
     ids = sorted(r["record_id"] for r in rows.select(F.explode("record_ids.record_id").alias("record_id")).collect())

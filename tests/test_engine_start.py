@@ -49,7 +49,7 @@ def _run(spark: Any, zk: Any, store: str, folder: Path, comp: Computation, *,
         inj.direct_source = lambda: None  # type: ignore[method-assign]
     with deltawheel.connect(spark, store=store, zk=zk.hosts, zk_chroot=zk.chroot, pipeline="start") as engine:
         reports = engine.run(inj, comp)
-        rows = (spark.read.format("delta").load(engine.layout.rows)
+        rows = (spark.read.format("delta").load(engine.layout.rows_of(comp.name))
                 .where((F.col("computation") == comp.name) & ~F.col("key").startswith("\x00"))
                 .select("key").collect())
         dead = (spark.read.format("delta").load(engine.layout.dead_letters)

@@ -289,7 +289,7 @@ def test_weak_productions_straggler_checkpointing(spark, migrated_store, zk_conf
                 raise Boom("the stream table is unreachable")
 
     def pending() -> int:
-        rows = spark.read.format("delta").load(migrated_store.rows).where(F.col("computation") == "weak")
+        rows = spark.read.format("delta").load(migrated_store.rows_of("weak")).where(F.col("computation") == "weak")
         return int(rows.agg(F.sum(F.size("pending"))).collect()[0][0] or 0)
 
     ex, client = start_executor(spark, migrated_store, zk_config, WeakCounter(), faults=faults,
@@ -486,7 +486,7 @@ def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_
     ex.stop()
     client.stop()
     client.close()
-    rows_version = read_snapshot(migrated_store.rows).version
+    rows_version = read_snapshot(migrated_store.rows_of("buckets")).version
     assert len(stream_rows(spark, migrated_store, "counts")) == 2
     ex, client = restart("w3")
     assert merged == []  # appended, not merged: the stream now records that commit's version
@@ -506,7 +506,7 @@ def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_
     ex.stop()
     client.stop()
     client.close()
-    log = spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, migrated_store.rows)
+    log = spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, migrated_store.rows_of("buckets"))
     none = spark._jvm.scala.Option.empty()
     log.checkpoint(log.update(False, none, none), none)
     ex, client = restart("w5")
@@ -536,7 +536,7 @@ def test_dedup_ids_of_keys_not_run_are_trimmed_past_the_horizon(spark, migrated_
     def ids(key: str) -> list[str]:  # in the key's row, or in the image path's ids files
         from pyspark.sql import functions as F
 
-        rows = spark.read.format("delta").load(migrated_store.rows).where(
+        rows = spark.read.format("delta").load(migrated_store.rows_of("buckets")).where(
             (F.col("computation") == "buckets") & F.col("key").isin(key, IDS_KEY_PREFIX + key)).collect()
         assert any(r["key"] == key for r in rows)
         return sorted(i["record_id"] for r in rows for i in r["record_ids"] or ())
@@ -670,7 +670,7 @@ def test_a_commit_of_another_process_between_batches_is_kept(spark, migrated_sto
     try:
         ex.run_batch(events(spark, B1), 0, input_watermark_ms=None)
         v = ex.path.version
-        rows = Path(migrated_store.rows)
+        rows = Path(migrated_store.rows_of("buckets"))
         ours = next(rows.glob("computation=buckets/interval=*/*.parquet"))
         rel = "computation=other/interval=0/part-00000-from-elsewhere.snappy.parquet"
         (rows / rel).parent.mkdir(parents=True)
@@ -684,14 +684,14 @@ def test_a_commit_of_another_process_between_batches_is_kept(spark, migrated_sto
         assert (r1.processed, r1.duplicates, r1.timers_fired) == (2, 1, 2)
         assert ex.path.version == v + 2
         hist = {r.version: r.readVersion for r in
-                spark.sql(f"DESCRIBE HISTORY delta.`{migrated_store.rows}`").select("version", "readVersion").collect()}
+                spark.sql(f"DESCRIBE HISTORY delta.`{migrated_store.rows_of("buckets")}`").select("version", "readVersion").collect()}
         assert hist[v + 2] == v  # read on the held snapshot, which had not seen v + 1
         ex.flush(input_watermark_ms=40_000)
         ex.settle()
     finally:
         stop_executor(ex, client)
     assert _windows(spark, migrated_store) == ALL_WINDOWS
-    paths = {r.p for r in spark.read.format("delta").load(migrated_store.rows)
+    paths = {r.p for r in spark.read.format("delta").load(migrated_store.rows_of("buckets"))
              .where("computation = 'other'").selectExpr("input_file_name() AS p").collect()}
     assert len(paths) == 1 and next(iter(paths)).endswith("part-00000-from-elsewhere.snappy.parquet")
 
@@ -728,11 +728,11 @@ def test_a_timers_only_batch_whose_watermark_passes_no_timer_publishes_it_withou
     try:
         authority.publish_injector("events", 5_000)
         ex.run_batch(events(spark, [("r1", "cats", 1_000)]), 0)  # a timer at 9,999
-        version = latest_local_version(migrated_store.rows)
+        version = latest_local_version(migrated_store.rows_of(comp.name))
         authority.publish_injector("events", 8_000)
         idle = ex.flush()
         assert idle.steps_s[0][0] == "skipped: nothing due, low watermark published"
-        assert latest_local_version(migrated_store.rows) == version  # no commit
+        assert latest_local_version(migrated_store.rows_of(comp.name)) == version  # no commit
         assert authority.published_low_watermark(comp.name) == 8_000
         authority.publish_injector("events", 12_000)
         due = ex.flush()

@@ -64,7 +64,7 @@ def _counts(spark: Any, store: str) -> dict[str, int]:
     from pyspark.sql import functions as F
 
     codec = get_codec("json")
-    rows = spark.read.format("delta").load(StoreLayout(store).rows).where(
+    rows = spark.read.format("delta").load(StoreLayout(store).rows_of("clicks_per_user")).where(
         (F.col("computation") == "clicks_per_user") & ~F.col("key").startswith("\x00")).collect()
     return {r["key"]: codec.decode(r["state"]) for r in rows}
 

@@ -19,6 +19,7 @@ from deltawheel.statestore.delta.log import read_snapshot
 from deltawheel.statestore.delta.maintenance import checkpointer
 from deltawheel.statestore.delta.storefs import table_files
 from deltawheel.statestore.delta.txn import TableLog, new_add
+from deltawheel.statestore.rowtable.tables import ensure_rows_table
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
 from executor_util import start_executor, stop_executor
 from pyspark import cloudpickle
@@ -90,7 +91,7 @@ def test_the_rows_commit_writes_no_checkpoint_and_the_background_one_is_read_exa
     while the background thread is held, none of them leaves a checkpoint; released, it writes one
     of a version this process committed. A checkpoint cut short (Delta's hidden temporary file, as a
     killed process leaves it) is ignored by both readers."""
-    rows = migrated_store.rows
+    rows = ensure_rows_table(spark, migrated_store, "ckpt")
     cp = checkpointer(spark)
     assert cp.idle(120)
     before = _checkpoints(spark, rows)
@@ -127,7 +128,7 @@ def test_batches_leave_log_checkpoints_to_the_background_on_both_write_paths(
     cp = checkpointer(spark)
     every, cp.every = cp.every, 3
     ex, client = start_executor(spark, migrated_store, zk_config, Tally(), write_path=write_path)
-    rows, stream = migrated_store.rows, migrated_store.stream("tallies")
+    rows, stream = migrated_store.rows_of(Tally.name), migrated_store.stream("tallies")
     try:
         assert cp.idle(120)
         before = (_checkpoints(spark, rows), _checkpoints(spark, stream))
@@ -161,7 +162,7 @@ def test_batches_leave_log_checkpoints_to_the_background_on_both_write_paths(
 def test_on_the_object_store_too(spark, migrated_s3_store) -> None:  # type: ignore[no-untyped-def]
     """On ``s3a://`` (Delta writes the checkpoint in place, one upload: the log store says partial
     writes are not visible) the commits write none and the background thread writes it."""
-    rows = migrated_s3_store.rows
+    rows = ensure_rows_table(spark, migrated_s3_store, "ckpt")
     cp = checkpointer(spark)
     every, cp.every = cp.every, 3
     try:

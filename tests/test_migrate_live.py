@@ -13,8 +13,10 @@ def _versions(spark, layout) -> list[int]:  # type: ignore[no-untyped-def]
     return sorted(int(r["version"]) for r in spark.read.format("delta").load(layout.meta).collect())
 
 
-def _rows_version(spark, layout) -> int:  # type: ignore[no-untyped-def]
-    return int(spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}` LIMIT 1").first()["version"])
+def _rows_version(spark, layout) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    """The newest versions of the store's first rows table and of the running computation's."""
+    return tuple(int(spark.sql(f"DESCRIBE HISTORY delta.`{p}` LIMIT 1").first()["version"])  # type: ignore[return-value]
+                 for p in (layout.rows, layout.rows_of("buckets")))
 
 
 def test_migrate_refuses_while_a_pipeline_runs_then_resumes(spark, migrated_store, zk_config, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -115,7 +115,7 @@ def test_a_record_without_its_id_is_a_dead_letter_and_a_retried_id_counts_once( 
     if kind == "parquet":  # the tasks read the files themselves when the computation keys by the key column
         assert all(r.direct == (computation is Clicks) for r in reports if r.records_in)
     codec = get_codec("json")
-    rows = spark.read.format("delta").load(migrated_store.rows).where(
+    rows = spark.read.format("delta").load(migrated_store.rows_of("clicks_per_user")).where(
         (F.col("computation") == "clicks_per_user") & ~F.col("key").startswith("\x00")).collect()
     assert {r["key"]: codec.decode(r["state"]) for r in rows} == {"ann": 1, "bob": 1}  # a1 once, b1; cy none
     dead = spark.read.format("delta").load(migrated_store.dead_letters).collect()

@@ -154,7 +154,7 @@ def test_an_older_process_with_the_same_instance_name_commits_nothing_after_the_
         """Seen's stream rows, or WinCount's counts per key in the rows (it produces nothing here)."""
         if not columnar:
             return stream_rows(spark, engine.layout, "seen")
-        rows = spark.read.format("delta").load(engine.layout.rows).where(
+        rows = spark.read.format("delta").load(engine.layout.rows_of(WinCount.name)).where(
             (F.col("computation") == WinCount.name) & ~F.col("key").startswith("\x00")).collect()
         return sorted((r["key"], sorted(get_codec("int64map").decode(r["state"]).items())) for r in rows)
 

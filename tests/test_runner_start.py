@@ -7,6 +7,7 @@ the same run with the start done first."""
 from __future__ import annotations
 
 import json
+import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -141,7 +142,7 @@ def test_a_stream_table_that_cannot_be_made_fails_the_first_batch_typed_and_a_la
     assert any("leases held" in line and "copier" in line for line in lines), lines
     assert not any(line.startswith(("copier batch", "copy_counter batch")) for line in lines), lines
     kinds = [json.loads(info.get("userMetadata") or "{}").get("kind")
-             for _v, info in commit_infos(layout.rows, after=-1) or ()]
+             for _v, info in commit_infos(layout.rows_of("copier"), after=-1) or ()]
     assert "claim" in kinds and "commit" not in kinds, kinds
     _assert_copier_leases_free(zk_config)  # no wait: the failed run gave them back
     assert blocked.read_text() == "not a table"  # nothing was written over it
@@ -213,6 +214,7 @@ def test_a_store_newer_than_the_code_stops_the_run_typed_with_nothing_written(
         _runner(spark, tmp_path, zk_config, progress=lines.append).run()
     assert not any("waiting for leases" in line for line in lines), lines
     assert latest_local_version(layout.rows) == rows_version  # no claim, no batch
+    assert not os.path.exists(layout.computations_root)  # no computation's table made
     _assert_copier_leases_free(zk_config)  # the refused run took none
 
 

@@ -27,6 +27,7 @@ from deltawheel.statestore.rowtable.rows import (
     interval_of,
 )
 from deltawheel.statestore.rowtable.store import RowStore, commit_metadata
+from deltawheel.statestore.rowtable.tables import ensure_rows_table
 
 pytestmark = pytest.mark.spark
 
@@ -46,7 +47,8 @@ LOCAL_IN_DEFAULT_RUN = pytest.mark.parametrize(
 
 
 def version(spark, layout) -> int:  # type: ignore[no-untyped-def]
-    return commit_metadata(spark, layout)[-1][0]
+    ensure_rows_table(spark, layout, "counter")  # made by the first commit, or here
+    return commit_metadata(spark, layout, "counter")[-1][0]
 
 
 @LOCAL_IN_DEFAULT_RUN
@@ -58,7 +60,7 @@ def test_fences_are_the_tables_greatest_fence_rows(spark, any_migrated_store) ->
     store = RowStore(spark, any_migrated_store, writer="w1")
 
     def in_table(computation: str) -> dict[int, int]:
-        got = spark.sql(f"SELECT interval, max(sequencer) AS s FROM delta.`{any_migrated_store.rows}` "
+        got = spark.sql(f"SELECT interval, max(sequencer) AS s FROM delta.`{any_migrated_store.rows_of(computation)}` "
                         f"WHERE computation = '{computation}' AND key = '{FENCE_KEY}' GROUP BY interval").collect()
         return {int(r["interval"]): int(r["s"]) for r in got}
 
@@ -99,7 +101,7 @@ def test_commit_roundtrip_and_fence_rows_hidden(spark, any_migrated_store) -> No
     assert store.fences("counter") == seqs
     # exactly one row per key after a second commit of the same keys
     store.commit("counter", [row(k, {"n": 100}) for k in keys], sequencers=seqs, num_intervals=N)
-    df = spark.read.format("delta").load(any_migrated_store.rows)
+    df = spark.read.format("delta").load(any_migrated_store.rows_of("counter"))
     assert df.count() == len(keys) + N
     users = df.where(df.key != FENCE_KEY)
     assert users.groupBy("computation", "key").count().where("count > 1").count() == 0
@@ -244,7 +246,7 @@ def test_zombie_racing_the_takeover_never_lands_after_it(spark, where: str, roun
         assert not t.is_alive()
         # the zombie ended on a StaleSequencerError, i.e. it noticed
         new.commit(computation, [KeyRow(computation=computation, key=key, interval=iv, state=J.encode(-1))], sequencers={iv: new_seq})
-        log = [(v, m) for v, m in commit_metadata(spark, any_migrated_store)
+        log = [(v, m) for v, m in commit_metadata(spark, any_migrated_store, computation)
                if m and m["computation"] == computation and str(iv) in m["sequencers"]]
         fence_versions = [v for v, m in log if m["kind"] == "fence" and m["sequencers"][str(iv)] == new_seq]
         assert len(fence_versions) == 1

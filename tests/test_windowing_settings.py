@@ -186,7 +186,7 @@ def test_settings_act_in_real_spark_batches(spark, migrated_store, zk_config) ->
     ex.start(wait_s=20)
 
     def rows() -> dict[str, Any]:
-        df = spark.read.format("delta").load(migrated_store.rows).where("computation = 'wsettings'")
+        df = spark.read.format("delta").load(migrated_store.rows_of("wsettings")).where("computation = 'wsettings'")
         return {r["key"]: r for r in df.collect() if not r["key"].startswith("\x00")}  # no fence rows
 
     try:

@@ -31,22 +31,22 @@ def test_plan_on_empty_store_lists_all_and_dry_run_changes_nothing(spark, store_
     assert [(s.version, s.name) for s in steps] == [(1, "meta_and_rows"), (2, "dead_letters_late_data"),
                                                  (3, "checkpoint_interval"), (4, "timer_seq"),
                                                  (5, "column_comments"), (6, "background_log_checkpoints"),
-                                                 (7, "fold_delta_files")]
+                                                 (7, "fold_delta_files"), (8, "rows_per_computation")]
     assert store_layout.rows in steps[0].description
     assert migrations.apply(spark, store_layout) == steps  # dry run by default
     assert migrations.applied_version(spark, store_layout) == 0
     assert not Path(store_layout.root).exists()
-    assert migrations.CODE_SCHEMA_VERSION == 7
+    assert migrations.CODE_SCHEMA_VERSION == 8
 
 
 def test_apply_creates_tables_and_records_each_step(spark, store_layout) -> None:  # type: ignore[no-untyped-def]
     ran = migrations.apply(spark, store_layout, dry_run=False)
-    assert [s.version for s in ran] == [1, 2, 3, 4, 5, 6, 7]
+    assert [s.version for s in ran] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert migrations.plan(spark, store_layout) == []
-    assert migrations.applied_version(spark, store_layout) == 7
-    assert migrations.check_store(spark, store_layout) == 7
+    assert migrations.applied_version(spark, store_layout) == 8
+    assert migrations.check_store(spark, store_layout) == 8
     meta = {r["version"]: r for r in spark.read.format("delta").load(store_layout.meta).collect()}
-    assert sorted(meta) == [1, 2, 3, 4, 5, 6, 7]
+    assert sorted(meta) == [1, 2, 3, 4, 5, 6, 7, 8]
     assert meta[2]["name"] == "dead_letters_late_data" and meta[2]["deltawheel_version"]
     assert meta[1]["applied_ms"] <= meta[2]["applied_ms"]
 
@@ -75,8 +75,8 @@ def test_resumes_after_a_run_that_died_before_recording(spark, store_layout) -> 
     m0001_meta_and_rows.apply(spark, store_layout)  # tables made, nothing recorded: "died" here
     assert migrations.applied_version(spark, store_layout) == 0
     ran = migrations.apply(spark, store_layout, dry_run=False)
-    assert [s.version for s in ran] == [1, 2, 3, 4, 5, 6, 7]
-    assert migrations.check_store(spark, store_layout) == 7
+    assert [s.version for s in ran] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert migrations.check_store(spark, store_layout) == 8
 
 
 def test_check_store_on_a_plain_folder(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -91,7 +91,7 @@ def test_store_newer_than_code(spark, migrated_store) -> None:  # type: ignore[n
     spark.createDataFrame([(99, "from_the_future", 0, "9.9.9")],
                           schema="version INT, name STRING, applied_ms BIGINT, deltawheel_version STRING"
                           ).write.format("delta").mode("append").save(migrated_store.meta)
-    with pytest.raises(SchemaTooNewError, match="schema version 99, .* up to 7; upgrade deltawheel"):
+    with pytest.raises(SchemaTooNewError, match="schema version 99, .* up to 8; upgrade deltawheel"):
         migrations.check_store(spark, migrated_store)
     with pytest.raises(SchemaTooNewError, match="upgrade deltawheel"):
         migrations.apply(spark, migrated_store, dry_run=False)
@@ -101,12 +101,12 @@ def test_store_older_than_code(spark, migrated_store) -> None:  # type: ignore[n
     from delta.tables import DeltaTable
 
     DeltaTable.forPath(spark, migrated_store.meta).delete("version >= 2")
-    with pytest.raises(MigrationError, match=r"schema version 1, this deltawheel needs 7; "
+    with pytest.raises(MigrationError, match=r"schema version 1, this deltawheel needs 8; "
                        r"run 'deltawheel migrate --store .* --apply'"):
         migrations.check_store(spark, migrated_store)
-    assert [s.version for s in migrations.plan(spark, migrated_store)] == [2, 3, 4, 5, 6, 7]
-    assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [2, 3, 4, 5, 6, 7]
-    assert migrations.check_store(spark, migrated_store) == 7
+    assert [s.version for s in migrations.plan(spark, migrated_store)] == [2, 3, 4, 5, 6, 7, 8]
+    assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [2, 3, 4, 5, 6, 7, 8]
+    assert migrations.check_store(spark, migrated_store) == 8
     props = spark.sql(f"SHOW TBLPROPERTIES delta.`{migrated_store.rows}`").collect()
     assert {r["key"]: r["value"] for r in props}["delta.checkpointInterval"] == "2147483647"
 
@@ -119,7 +119,7 @@ def test_failed_step_is_reported_and_earlier_steps_stay_recorded(spark, store_la
         migrations.apply(spark, store_layout, dry_run=False)
     assert migrations.applied_version(spark, store_layout) == 1
     shutil.rmtree(store_layout.dead_letters)
-    assert [s.version for s in migrations.apply(spark, store_layout, dry_run=False)] == [2, 3, 4, 5, 6, 7]
+    assert [s.version for s in migrations.apply(spark, store_layout, dry_run=False)] == [2, 3, 4, 5, 6, 7, 8]
 
 
 # --- KeyRow round-trips ---------------------------------------------------------
@@ -379,3 +379,49 @@ def test_two_starts_at_once_migrate_a_new_store_once_and_an_up_to_date_store_tak
         for c in clients:
             c.stop()
             c.close()
+
+
+def test_migration_8_gives_each_computation_a_table_whose_versions_go_on(spark, migrated_store,  # type: ignore[no-untyped-def]
+                                                                          monkeypatch) -> None:
+    """Two computations' rows in the store's first rows table, as schema 7 wrote them: migration 8
+    moves each into a table of its own whose next version is past every version of the first table
+    (a stream's delivery records those) and empties the first table; a run that died half way
+    (a's table done, b's copied without its split commit) is finished by the next run."""
+    from deltawheel.migrations import m0008_rows_per_computation as m8
+    from deltawheel.statestore.delta.log import latest_local_version, read_snapshot
+    from deltawheel.statestore.rowtable.tables import list_computations
+
+    rows = migrated_store.rows
+    for comp, keys in (("a", ("k1", "k2")), ("b", ("k3",))):
+        data = [KeyRow(computation=comp, key=k, interval=i, state=k.encode()).to_row() for i, k in enumerate(keys)]
+        spark.createDataFrame(data, schema=rows_schema_ddl()).write.format("delta").mode("append").save(rows)
+    spark.sql(f"DELETE FROM delta.`{migrated_store.meta}` WHERE version = 8")
+    before = latest_local_version(rows)
+    assert before is not None and list_computations(None, migrated_store) == []
+
+    def content(path: str) -> list[tuple[str, str, int, bytes]]:
+        return sorted((r["computation"], r["key"], r["interval"], bytes(r["state"]))
+                      for r in spark.read.format("delta").load(path).collect())
+
+    real = m8.TableLog.commit
+
+    def dies_at_b(self, **kw):  # type: ignore[no-untyped-def]
+        if '"computation": "b"' in (kw.get("user_metadata") or ""):
+            raise OSError("the process died")
+        return real(self, **kw)
+
+    monkeypatch.setattr(m8.TableLog, "commit", dies_at_b)
+    with pytest.raises(MigrationError, match="migration 8 .*the process died"):
+        migrations.apply(spark, migrated_store, dry_run=False)
+    monkeypatch.undo()
+    assert read_snapshot(rows).adds != ()  # the first table still holds every row
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # a new process: nothing of the first run cached
+    assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [8]
+    assert list_computations(None, migrated_store) == ["a", "b"]
+    assert content(migrated_store.rows_of("a")) == [("a", "k1", 0, b"k1"), ("a", "k2", 1, b"k2")]
+    assert content(migrated_store.rows_of("b")) == [("b", "k3", 0, b"k3")]
+    for comp in ("a", "b"):
+        assert latest_local_version(migrated_store.rows_of(comp)) == before + 1
+    snap = read_snapshot(rows)
+    assert snap is not None and snap.adds == ()
+    assert migrations.apply(spark, migrated_store, dry_run=False) == []

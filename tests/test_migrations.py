@@ -381,23 +381,34 @@ def test_two_starts_at_once_migrate_a_new_store_once_and_an_up_to_date_store_tak
             c.close()
 
 
-def test_migration_8_gives_each_computation_a_table_whose_versions_go_on(spark, migrated_store,  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    "any_migrated_store", ["local", pytest.param("s3a", marks=[pytest.mark.objectstore, pytest.mark.slow])],
+    indirect=True)
+def test_migration_8_gives_each_computation_a_table_whose_versions_go_on(spark, any_migrated_store,  # type: ignore[no-untyped-def]
                                                                           monkeypatch) -> None:
     """Two computations' rows in the store's first rows table, as schema 7 wrote them: migration 8
     moves each into a table of its own whose next version is past every version of the first table
     (a stream's delivery records those) and empties the first table; a run that died half way
     (a's table done, b's copied without its split commit) is finished by the next run."""
     from deltawheel.migrations import m0008_rows_per_computation as m8
-    from deltawheel.statestore.delta.log import latest_local_version, read_snapshot
+    from deltawheel.statestore.delta.log import read_snapshot
+    from deltawheel.statestore.delta.storefs import table_files
     from deltawheel.statestore.rowtable.tables import list_computations
+
+    migrated_store = any_migrated_store
+
+    def snapshot(path: str) -> Any:
+        snap = read_snapshot(table_files(spark, path) or path)
+        assert snap is not None
+        return snap
 
     rows = migrated_store.rows
     for comp, keys in (("a", ("k1", "k2")), ("b", ("k3",))):
         data = [KeyRow(computation=comp, key=k, interval=i, state=k.encode()).to_row() for i, k in enumerate(keys)]
         spark.createDataFrame(data, schema=rows_schema_ddl()).write.format("delta").mode("append").save(rows)
     spark.sql(f"DELETE FROM delta.`{migrated_store.meta}` WHERE version = 8")
-    before = latest_local_version(rows)
-    assert before is not None and list_computations(None, migrated_store) == []
+    before = snapshot(rows).version
+    assert list_computations(spark, migrated_store) == []
 
     def content(path: str) -> list[tuple[str, str, int, bytes]]:
         return sorted((r["computation"], r["key"], r["interval"], bytes(r["state"]))
@@ -414,14 +425,13 @@ def test_migration_8_gives_each_computation_a_table_whose_versions_go_on(spark, 
     with pytest.raises(MigrationError, match="migration 8 .*the process died"):
         migrations.apply(spark, migrated_store, dry_run=False)
     monkeypatch.undo()
-    assert read_snapshot(rows).adds != ()  # the first table still holds every row
+    assert snapshot(rows).adds != ()  # the first table still holds every row
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # a new process: nothing of the first run cached
     assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [8]
-    assert list_computations(None, migrated_store) == ["a", "b"]
+    assert list_computations(spark, migrated_store) == ["a", "b"]
     assert content(migrated_store.rows_of("a")) == [("a", "k1", 0, b"k1"), ("a", "k2", 1, b"k2")]
     assert content(migrated_store.rows_of("b")) == [("b", "k3", 0, b"k3")]
     for comp in ("a", "b"):
-        assert latest_local_version(migrated_store.rows_of(comp)) == before + 1
-    snap = read_snapshot(rows)
-    assert snap is not None and snap.adds == ()
+        assert snapshot(migrated_store.rows_of(comp)).version == before + 1
+    assert snapshot(rows).adds == ()
     assert migrations.apply(spark, migrated_store, dry_run=False) == []

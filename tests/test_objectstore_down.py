@@ -92,3 +92,23 @@ def test_a_replay_or_diff_of_a_store_that_does_not_answer_is_not_told_it_is_no_s
 
     with pytest.raises(ObjectStoreUnreachableError, match="no object store answers"):
         ensure_stream_table(spark, layout, "changes")
+
+
+def test_a_commit_whose_log_entry_the_store_lost_is_a_store_failure(spark) -> None:  # type: ignore[no-untyped-def]
+    """Delta's check of a commit file the store just took (S3Proxy over a full disk lost it) ends
+    in Hadoop's FileNotFoundException: a store failure (exit 5, run again), not a traceback; the
+    same exception about another table's log, or a data file, stays untyped."""
+    from deltawheel.statestore.objectstore.errors import translate
+    from py4j.protocol import Py4JJavaError
+
+    def java(message: str) -> Py4JJavaError:
+        return Py4JJavaError("An error occurred while calling o724.commit.\n",
+                             spark._jvm.java.io.FileNotFoundException(message))
+
+    lost = java("No such file or directory: s3a://chaos/store/rows/_delta_log/00000000000000000161.json")
+    typed = translate(lost, "s3a://chaos/store")
+    assert isinstance(typed, ObjectStoreUnreachableError) and "00000000000000000161.json" in str(typed)
+    assert translate(java("No such file or directory: s3a://other/t/_delta_log/00000000000000000001.json"),
+                     "s3a://chaos/store") is None
+    assert translate(java("No such file or directory: s3a://chaos/store/rows/computation=a/part-0.parquet"),
+                     "s3a://chaos/store") is None

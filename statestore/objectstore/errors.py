@@ -23,6 +23,7 @@ _MISSING = ("org.apache.hadoop.fs.s3a.UnknownStoreException",
             "software.amazon.awssdk.services.s3.model.NoSuchBucketException")
 _DENIED = ("java.nio.file.AccessDeniedException",)
 _FAILED = ("org.apache.hadoop.fs.s3a.AWSStatus500Exception", "org.apache.hadoop.fs.s3a.AWSServiceThrottledException")
+_LOST = "java.io.FileNotFoundException"
 
 
 def _chain(exc: BaseException) -> list[tuple[str, str]]:
@@ -89,6 +90,10 @@ def translate(exc: BaseException, uri: str) -> DeltaWheelError | None:
         return _typed("unreachable", uri, chain[-1][1] if chain else text[:200], spark=True)
     if any(c in _FAILED for c in classes) or any(f"Status Code: {n}" in text for n in (500, 502, 503)):
         return _typed("failed", uri, text[:200], spark=True)
+    if any(c == _LOST and "/_delta_log/" in m and uri in m for c, m in chain):
+        # a log entry written a moment ago is not there: the store lost it (a full disk behind it);
+        # the commit's log-store entry still holds it, and the next reader of the log completes it
+        return _typed("failed", uri, next(m for c, m in chain if c == _LOST)[:200], spark=True)
     return None
 
 

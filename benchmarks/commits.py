@@ -1,6 +1,7 @@
-"""``deltawheel bench commits``: the commit ceiling of one store's rows table, N writers at once.
+"""``deltawheel bench commits``: the commit ceiling of one store's rows tables, N writers at once.
 
-N writers (threads sharing a session, Delta's in-JVM commit lock off so they race as processes do)
+Shape ``computations``: a computation per writer, so a rows table per writer; ``instances``: the
+writers share one computation's rows table. N writers (threads sharing a session, Delta's in-JVM commit lock off so they race as processes do)
 commit as fast as they can; the Delta log read back must hold exactly what they counted (docs/scale.md)."""
 
 from __future__ import annotations
@@ -45,9 +46,22 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000, 1)
 
 
-def summarize(stats: Sequence[WriterStats], *, elapsed_s: float, zk_writes: int) -> dict[str, Any]:
-    """A point's figures from its writers' counts over ``elapsed_s`` measured seconds."""
+def summarize(stats: Sequence[WriterStats], *, elapsed_s: float, zk_writes: int,
+              tables: Sequence[str] | None = None) -> dict[str, Any]:
+    """A point's figures from its writers' counts over ``elapsed_s`` measured seconds; ``tables``: the
+    rows table (computation) each writer commits to, in ``stats``' order (None: one table, ``rows``).
+
+    >>> a, b = WriterStats(name="w0", commits=10), WriterStats(name="w1", commits=30)
+    >>> p = summarize([a, b], elapsed_s=10.0, zk_writes=0, tables=["c0", "c1"])
+    >>> p["commits_per_s_table"], p["commits_per_s_store"]
+    ({'c0': 1.0, 'c1': 3.0}, 4.0)
+    >>> summarize([a, b], elapsed_s=10.0, zk_writes=0, tables=["s", "s"])["commits_per_s_table"]
+    {'s': 4.0}
+    """
     commits = sum(s.commits for s in stats)
+    per_table: Counter[str] = Counter()
+    for table, s in zip(tables or ["rows"] * len(stats), stats, strict=True):
+        per_table[table] += s.commits
     commit_s = [x for s in stats for x in s.commit_s]
     batch_s = [x for s in stats for x in s.batch_s]
     failed = dict(sum((Counter(s.failed) for s in stats), Counter[str]()))
@@ -55,8 +69,9 @@ def summarize(stats: Sequence[WriterStats], *, elapsed_s: float, zk_writes: int)
     return {
         "seconds": round(elapsed_s, 2),
         "commits": commits,
-        # the writers commit to the rows table only: its rate is the store's
-        "commits_per_s_table": round(commits / elapsed_s, 2),
+        # the writers commit to the rows tables only: the store's rate is the sum of the tables'
+        "tables": len(per_table),
+        "commits_per_s_table": {t: round(n / elapsed_s, 2) for t, n in sorted(per_table.items())},
         "commits_per_s_store": round(commits / elapsed_s, 2),
         "commits_per_s_per_writer": [round(s.commits / elapsed_s, 2) for s in stats],
         "commit_p50_ms": _ms(percentile(commit_s, 50)),
@@ -76,7 +91,8 @@ def summarize(stats: Sequence[WriterStats], *, elapsed_s: float, zk_writes: int)
 def point_line(p: dict[str, Any]) -> str:
     """One progress line for a finished point."""
     return (f"commits: {p['target']} {p['latency_ms']} ms {p['shape']} N={p['writers']}: "
-            f"{p['commits_per_s_store']:.1f} commits/s, commit p50/p99 {p['commit_p50_ms']}/{p['commit_p99_ms']} ms, "
+            f"{p['commits_per_s_store']:.1f} commits/s over {p['tables']} rows tables "
+            f"(per table up to {max(p['commits_per_s_table'].values(), default=0.0):.1f}), commit p50/p99 {p['commit_p50_ms']}/{p['commit_p99_ms']} ms, "
             f"batch p50/p99 {p['batch_p50_ms']}/{p['batch_p99_ms']} ms, retries/commit {p['retries_per_commit']}, "
             f"conflicts/commit {p['conflicts_per_commit']}, failed {p['failed_batches']}, "
             f"writers without a commit {p['writers_without_commit']}, "
@@ -186,6 +202,7 @@ def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: i
     from deltawheel.statestore.delta.storefs import table_files
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.rowtable.store import RowStore
+    from deltawheel.statestore.rowtable.tables import ensure_rows_table
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.watermarks.authority import WatermarkAuthority
 
@@ -195,18 +212,22 @@ def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: i
     set_latency = set_latency or (lambda _ms: None)
     set_latency(0)  # making the store is not measured
     migrations.apply(spark, layout, dry_run=False)
+    specs = _specs(shape, n, keys_per_batch)
+    tables = sorted({s.computation for s in specs})
+    for c in tables:  # each computation's rows table, made before the measured time
+        ensure_rows_table(spark, layout, c)
     set_latency(latency_ms)
     counter = count_hosts or (lambda: zk_hosts)
     zk = ZkConfig(hosts=zk_hosts, chroot=f"/dw-bench-{uuid.uuid4().hex[:10]}", session_timeout_s=20.0)
     pipeline = "bench"
-    specs = _specs(shape, n, keys_per_batch)
     admin = connect(zk)
     authority = WatermarkAuthority(admin, pipeline=pipeline)
     for comp in sorted({(s.computation, s.num_intervals) for s in specs}):
         authority.declare(comp[0], upstream=[], num_intervals=comp[1])
     authority.close()
-    files = table_files(spark, layout.rows)
-    assert files is not None, f"{layout.rows}: the benchmark needs a store Python reaches (a folder, s3a://)"
+    found = {c: table_files(spark, layout.rows_of(c)) for c in tables}
+    files = {c: f for c, f in found.items() if f is not None}
+    assert files.keys() == found.keys(), f"{layout.root}: the benchmark needs a store Python reaches (a folder, s3a://)"
     start, measuring, stop = threading.Event(), threading.Event(), threading.Event()
     ready = threading.Barrier(n + 1)
     stats = [WriterStats(name=s.name) for s in specs]
@@ -229,7 +250,7 @@ def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: i
             ready.wait(timeout=300)
         except threading.BrokenBarrierError:
             raise RuntimeError(f"a writer failed to start: {errors[0] if errors else 'timeout'}") from None
-        v0 = max((v for v, _ in commit_infos(files, after=-1) or []), default=0)
+        v0 = {c: max((v for v, _ in commit_infos(f, after=-1) or []), default=0) for c, f in files.items()}
         start.set()
         time.sleep(warmup)
         z0, load0 = zxid(counter()), os.getloadavg()[0]
@@ -246,7 +267,7 @@ def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: i
         start.set()
         for t in threads:
             t.join(timeout=600)
-    infos = commit_infos(files, after=v0) or []
+    infos = [vi for c, f in files.items() for vi in commit_infos(f, after=v0[c]) or []]
     counted = {cid for st in stats for cid in st.commit_ids}
     mine = [(v, info, json.loads(info.get("userMetadata") or "{}")) for v, info in infos]
     landed = [(v, info) for v, info, md in mine if md.get("commit_id") in counted]
@@ -254,7 +275,7 @@ def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: i
     reader = RowStore(spark, layout, writer="bench-reader")
     missing = sum(len(st.keys - {r.key for r in reader.scan_intervals(spec.computation, spec.intervals)})
                   for spec, st in zip(specs, stats, strict=True))
-    point = summarize(stats, elapsed_s=elapsed, zk_writes=z1 - z0)
+    point = summarize(stats, elapsed_s=elapsed, zk_writes=z1 - z0, tables=[s.computation for s in specs])
     point.update({
         "shape": shape, "writers": n, "load_avg_1m": round(load0, 2),
         "log_versions_of_counted_commits": len(landed),

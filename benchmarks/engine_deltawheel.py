@@ -177,14 +177,14 @@ class DeltaWheelEngine:
             summary = runner.run()
             wall = time.monotonic() - t0
             measured_run_ended()  # reading the output to check it is not the run's memory
-            written = rows_bytes_per_batch(layout.rows)
+            written = rows_bytes_per_batch(layout.rows_of("window_count"))
             # read while ZooKeeper runs: on s3a:// Delta lists the log through the log store's ZooKeeper
             codec = get_codec("int64map" if self.columnar else "msgpack")  # int64map reads msgpack too
             rows = [codec.decode(r["value"]) for r in
                     spark.read.format("delta").load(layout.stream("windows")).select("value").collect()]
             from pyspark.sql import functions as F
 
-            state = (spark.read.format("delta").load(layout.rows)
+            state = (spark.read.format("delta").load(layout.rows_of("window_count"))
                      .where((F.col("computation") == "window_count") & F.col("state").isNotNull())
                      .select("state").collect())
         reports = summary.reports["window_count"]

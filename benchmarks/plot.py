@@ -145,7 +145,7 @@ def plot_commits(result: Mapping[str, Any], path: Path) -> None:
             style = "-" if "computations" in label else "--"
             ax1.plot(xs, [p["commits_per_s_store"] for p in pts], style, marker="o", label=label)
             ax2.plot(xs, [p["commit_p99_ms"] or 0 for p in pts], style, marker="o", label=label)
-        for ax, title in ((ax1, "commits/s, one rows table"), (ax2, "commit p99 (ms)")):
+        for ax, title in ((ax1, "commits/s of the store (its rows tables together)"), (ax2, "commit p99 (ms)")):
             ax.set_xscale("log", base=2)
             ax.set(xlabel="writers N", title=title)
             ax.grid(True, alpha=0.3)

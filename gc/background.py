@@ -17,9 +17,9 @@ from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 
 from .passes import MIN_VACUUM_RETAIN_HOURS, GcAction, GcReport, check_replay_horizon, run_gc
-from .ranlog import checked_upto, save_checked
+from .ranlog import checked_upto, save_checked, table_of
 
-__all__ = ["BackgroundGc", "parse_every", "summary", "audit_recovery", "AUDIT_GRACE_MS"]
+__all__ = ["BackgroundGc", "parse_every", "summary", "audit_recovery", "audit_gaps", "AUDIT_GRACE_MS"]
 
 #: a tool's rows commit younger than this gets no recovered audit row (the tool may still append it)
 AUDIT_GRACE_MS = 10 * 60_000
@@ -171,10 +171,11 @@ class BackgroundGc:
         self._say(f"background gc #{n} started")
         try:
             now_ms = int(time.time() * 1000)
-            gap, settled = _audit_gap(self.spark, self.layout, before_ms=now_ms - self.audit_grace_ms)  # before a log clean-up
+            gap, settled = audit_gaps(self.spark, self.layout, before_ms=now_ms - self.audit_grace_ms)  # before a log clean-up
             report = run_gc(self.spark, self.layout, now_ms=now_ms, apply=True, **self._options)
             report = replace(report, actions=audit_recovery(self.spark, self.layout, gap, apply=True) + report.actions)
-            save_checked(self.layout, settled)  # every tool commit up to it has its row now
+            for table, upto in settled.items():  # every tool commit up to it has its row now
+                save_checked(self.layout, upto, table)
             self.reports = [*self.reports[-99:], report]
             self._say(f"background gc #{n} done in {time.monotonic() - t0:.1f}s: {summary(report)}")
         except Exception as exc:  # a failed run must not stop the pipeline: the next one tries again
@@ -185,14 +186,23 @@ class BackgroundGc:
                          "tries again", self.layout.root, type(exc).__name__, _cause(exc))
 
 
-def _audit_gap(spark: Any, layout: StoreLayout, *, before_ms: int) -> tuple[list[dict[str, Any]], int]:
-    """Audit rows missing for tools' commits before ``before_ms``, and the version complete once appended."""
-    from deltawheel.statestore.inspection.auditgap import audit_gap
+def audit_gaps(spark: Any, layout: StoreLayout, *, before_ms: int | None = None
+               ) -> tuple[list[dict[str, Any]], dict[str | None, int]]:
+    """Audit rows missing for tools' commits (before ``before_ms``; None: all) in every rows table (the
+    first one, None, and each computation's), oldest first, and per table the version complete once
+    they are appended (for :func:`.ranlog.save_checked`)."""
+    from deltawheel.statestore.rowtable.tables import list_computations
+    from deltawheel.statestore.surgery.audit import audit_gap_of
 
-    got = audit_gap(spark, layout, after_version=checked_upto(layout))
-    young = [int(r["commit_version"]) for r in got.rows if int(r["recorded_ms"]) >= before_ms]
-    return ([r for r in got.rows if int(r["recorded_ms"]) < before_ms],
-            min(young) - 1 if young else got.upto)
+    rows: list[dict[str, Any]] = []
+    settled: dict[str | None, int] = {}
+    for c in (None, *list_computations(spark, layout)):
+        got = audit_gap_of(spark, layout, table_of(layout, c), after_version=checked_upto(layout, c))
+        late = [r for r in got.rows if before_ms is not None and int(r["recorded_ms"]) >= before_ms]
+        young = [int(r["commit_version"]) for r in late]
+        rows += [r for r in got.rows if r not in late]
+        settled[c] = min(young) - 1 if young else got.upto
+    return sorted(rows, key=lambda r: int(r["recorded_ms"])), settled
 
 
 def audit_recovery(spark: Any, layout: StoreLayout, gap: list[dict[str, Any]], *, apply: bool) -> tuple[GcAction, ...]:

@@ -93,15 +93,25 @@ def _gone_test(layout: StoreLayout, pipeline: str, computation: str) -> Callable
     return gone
 
 
+def _ran_of(computation: str, *logs: RanLog) -> dict[int, frozenset[str]]:
+    """interval -> the files ``logs`` together say ``computation``'s interval ran."""
+    out: dict[int, frozenset[str]] = {}
+    for log in logs:
+        for iv, fs in log.ran.get(computation, {}).items():
+            out[iv] = out.get(iv, frozenset()) | fs
+    return out
+
+
 def prune_input_sets(spark: Any, layout: StoreLayout, client: Any, *, pipelines: list[str], apply: bool,
                      wait_s: float = 60.0, progress: Callable[[str], None] | None = None,
-                     ran: RanLog | None = None) -> list[GcAction]:
+                     ran: Mapping[str | None, RanLog] | None = None) -> list[GcAction]:
     """Plan (default) or run the pass over ``pipelines``' computations that keep input-file sets; one not
-    handed over within ``wait_s`` is left. ``ran``: :func:`~.ranlog.read_ran`'s evidence read earlier, else
-    the evidence the last gc kept."""
+    handed over within ``wait_s`` is left. ``ran``: per rows table (a computation; None: the store's first
+    table, whose log holds the commits before migration 8), :func:`~.ranlog.read_ran`'s evidence read
+    earlier, else the evidence the last gc kept."""
     store = RowStore(spark, layout, writer="gc")
     actions: list[GcAction] = []
-    got: RanLog | None = None  # the log's evidence, read once for the first computation that keeps sets
+    got: dict[str | None, RanLog] = {}  # per table, its log's evidence, read once when a computation keeps sets
     pruned: dict[str, frozenset[str]] = {}  # per computation, the names a commit dropped from every set
     for pipeline in pipelines:
         comps: dict[str, int] = {}
@@ -110,10 +120,11 @@ def prune_input_sets(spark: Any, layout: StoreLayout, client: Any, *, pipelines:
         for comp, n in sorted(comps.items()):
             if not (stored := store.input_files(comp)):
                 continue
-            if got is None:
-                got = read_ran(layout, since=ran)
+            for table in (None, comp):  # the first table's log: what the computation ran before migration 8
+                if table not in got:
+                    got[table] = read_ran(layout, computation=table, since=(ran or {}).get(table))
             gone = _gone_test(layout, pipeline, comp)
-            said = {iv: fs for iv, fs in got.ran.get(comp, {}).items() if 0 <= iv < n}
+            said = {iv: fs for iv, fs in _ran_of(comp, got[None], got[comp]).items() if 0 <= iv < n}
             sets = with_ran(stored, said, gone=gone)
             names = len(frozenset().union(*sets.values()))
             drop = prunable(sets, n, gone=gone)
@@ -143,6 +154,7 @@ def prune_input_sets(spark: Any, layout: StoreLayout, client: Any, *, pipelines:
             pruned[comp] = pruned.get(comp, frozenset()) | drop
             actions.append(GcAction(PASS, table, what + f": dropped from every set at rows version {res.version}",
                                     len(drop)))
-    if apply and got is not None:  # the next gc reads on from here
-        save_ran(layout, got, forget=pruned)
+    if apply:  # the next gc reads on from here
+        for table, evidence in got.items():
+            save_ran(layout, evidence, computation=table, forget=pruned)
     return actions

@@ -17,6 +17,7 @@ from typing import Any
 
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.fencing import is_conflict, on_conflict_again
+from deltawheel.statestore.rowtable.tables import rows_tables
 from deltawheel.statestore.writepath.streams import list_streams
 
 from .exceptions import ReplayHorizonError, RetentionError, VacuumRetentionError
@@ -51,12 +52,20 @@ class GcReport:
 
 
 def _tables(spark: Any, layout: StoreLayout) -> list[tuple[str, str]]:
-    out = [("rows", layout.rows), ("dead_letters", layout.dead_letters), ("late_data", layout.late_data)]
+    """(name, path) of every table gc collects: the first rows table (empty since migration 8: vacuumed and
+    its log cleaned like the others), each computation's rows table, then the side tables."""
+    out = [("rows", layout.rows)] + [(_rows_name(c), p) for c, p in rows_tables(spark, layout).items()]
+    out += [("dead_letters", layout.dead_letters), ("late_data", layout.late_data)]
     out += [(s, layout.stream(s)) for s in list_streams(spark, layout)]
     if not layout.is_local or os.path.isdir(os.path.join(layout.metrics_batches, "_delta_log")):
         if _is_delta(spark, layout.metrics_batches):
             out.append(("_metrics/batches", layout.metrics_batches))
     return [(n, p) for n, p in out if not layout.is_local or os.path.isdir(os.path.join(p, "_delta_log"))]
+
+
+def _rows_name(computation: str) -> str:
+    """A computation's rows table in gc's lines: its path below the store."""
+    return f"computations/{computation}/rows"
 
 
 def _is_delta(spark: Any, path: str) -> bool:
@@ -105,7 +114,9 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
     run.compact()
     run.vacuum(vacuum_retain_hours, force=force)
     run.logs(log_retention_ms)
-    run.actions.append(_horizon_action(spark, layout, now_ms=now_ms, keep_ms=keep_ms))
+    run.actions += [_horizon_action(spark, name, path, now_ms=now_ms, keep_ms=keep_ms)
+                    for name, path in tables if path in run.rows_paths()] or [
+        _horizon_action(spark, "rows", None, now_ms=now_ms, keep_ms=keep_ms)]
     return GcReport(apply, tuple(run.actions))
 
 
@@ -141,13 +152,16 @@ class _Run:
         if self.progress is not None:
             self.progress(what, self.total)
 
+    def rows_paths(self) -> list[str]:
+        """The computations' rows tables among ``tables`` (the first table holds no rows since migration 8)."""
+        return [p for _, p in self.tables if p.startswith(self.layout.computations_root + "/")]
+
     def stream_retention(self, cutoff: int) -> None:
-        rows_table = any(p == self.layout.rows for _, p in self.tables)
         for name, path in self.tables:
             if path.startswith(self.layout.streams_root):
                 self.step(f"stream retention of {name}")
                 found = stream_retention(self.spark, self.layout, path, stream=name, cutoff_ms=cutoff,
-                                         apply=self.apply, rows_table=rows_table)
+                                         apply=self.apply, rows_table=True)
                 held = (f"; {found.held} older ones kept: their productions are still checkpointed (a restart "
                         "may redeliver them), the next batch of their interval clears them" if found.held else "")
                 self.actions.append(GcAction("stream_retention", name, f"{found.removed} records with timestamp "
@@ -183,7 +197,7 @@ class _Run:
             self.actions.append(GcAction("compact", name, f"{files} files before OPTIMIZE", int(files)))
         for name, path in self.tables:
             self.step(f"checking the recorded paths of {name}")
-            if name == "rows":
+            if name == "rows" or path in self.rows_paths():
                 n = _rerecord_paths(self.spark, path, apply=self.apply)
                 if n:
                     self.actions.append(GcAction("paths", name, f"{n} live files recorded under URL-quoted paths", n))
@@ -270,21 +284,24 @@ def check_replay_horizon(*, vacuum_retain_hours: float, stream_retention_ms: int
     return min(spans.values())
 
 
-def _horizon_action(spark: Any, layout: StoreLayout, *, now_ms: int, keep_ms: int) -> GcAction:
-    """The replay horizon the retentions leave: the oldest rows-table version committed within it."""
+def _horizon_action(spark: Any, name: str, rows: str | None, *, now_ms: int, keep_ms: int) -> GcAction:
+    """The replay horizon the retentions leave in one computation's rows table ``rows``: its oldest version
+    committed within it (``rows`` None: no computation has a table yet)."""
     import datetime
 
     cutoff = now_ms - keep_ms
     when = datetime.datetime.fromtimestamp(cutoff / 1000, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
     try:
-        hist = spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}`").select("version", "timestamp").collect()
-    except Exception:  # no rows table yet
+        hist = [] if rows is None else spark.sql(f"DESCRIBE HISTORY delta.`{rows}`").select(
+            "version", "timestamp").collect()
+    except Exception:  # the table went meanwhile
         hist = []
     within = [int(r["version"]) for r in hist if r["timestamp"].timestamp() * 1000 >= cutoff]
     oldest = min(within, default=None)
-    return GcAction("replay_horizon", "rows",
+    return GcAction("replay_horizon", name,
                     f"replay can start from versions committed after {when} ({keep_ms / 3_600_000:g} h back)"
                     + (f": the oldest is version {oldest}" if oldest is not None else
+                       ": no computation has a rows table yet" if rows is None else
                        ": no version of the rows table is that recent"), oldest)
 
 
@@ -315,7 +332,7 @@ def _vacuum_detail(old: int, unreferenced: int, retain_hours: float) -> str:
 
 
 def _rerecord_paths(spark: Any, path: str, *, apply: bool) -> int:
-    """The rows table's live files logged under a path not in Delta's form; ``apply`` re-adds them."""
+    """A rows table's live files logged under a path not in Delta's form; ``apply`` re-adds them."""
     import json
 
     from deltawheel.statestore.delta.txn import TableLog, decode_path, delta_path

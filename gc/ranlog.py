@@ -1,6 +1,7 @@
-"""What gc keeps of its reads of the rows table's log, in ``<store>/_gc/`` (local stores only):
-``ran_in_log.json`` (what each interval ran) and ``audit_checked.json`` (the version up to which every
-tool commit has its audit row), each used only while its last commit is in the log with the same
+"""What gc keeps of its reads of each rows table's log, in ``<store>/_gc/`` (local stores only), per
+table: ``ran_in_log.json`` (what each interval ran) and ``audit_checked.json`` (the version up to which
+every tool commit has its audit row), the first table's in ``_gc/``, computation ``c``'s in
+``_gc/computations/c/``; each used only while its last commit is in that table's log with the same
 bytes, so the next gc opens only the commits after it (docs/rescaling.md, "Bounded sets")."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.inputfiles import ran_of
 
 __all__ = ["RanLog", "ran_in_log", "read_ran", "save_ran", "saved_path", "RAN_LOG_FORMAT_VERSION",
-           "AUDIT_MARK_FORMAT_VERSION", "checked_upto", "mark_path", "save_checked"]
+           "AUDIT_MARK_FORMAT_VERSION", "checked_upto", "mark_path", "save_checked", "table_of"]
 
 RAN_LOG_FORMAT_VERSION = 1
 AUDIT_MARK_FORMAT_VERSION = 1
@@ -41,32 +42,39 @@ class RanLog:
     read: int = 0
 
 
-def saved_path(layout: StoreLayout) -> str | None:
-    """Where gc keeps the evidence it read (None: not a local store)."""
-    return _kept_path(layout, "ran_in_log.json")
+def table_of(layout: StoreLayout, computation: str | None = None) -> str:
+    """The rows table gc's marks of ``computation`` are about (None: the store's first rows table)."""
+    return layout.rows if computation is None else layout.rows_of(computation)
 
 
-def mark_path(layout: StoreLayout) -> str | None:
-    """Where gc keeps the audit check's version (None: not a local store)."""
-    return _kept_path(layout, "audit_checked.json")
+def saved_path(layout: StoreLayout, computation: str | None = None) -> str | None:
+    """Where gc keeps the evidence it read of :func:`table_of` ``computation`` (None: not a local store)."""
+    return _kept_path(layout, "ran_in_log.json", computation)
+
+
+def mark_path(layout: StoreLayout, computation: str | None = None) -> str | None:
+    """Where gc keeps the audit check's version of :func:`table_of` ``computation`` (None: not local)."""
+    return _kept_path(layout, "audit_checked.json", computation)
 
 
 def ran_in_log(rows: str) -> dict[str, dict[int, frozenset[str]]]:
-    """computation -> interval -> input files, as the rows table's JSON commits say ({}: unreadable)."""
+    """computation -> interval -> input files, as the JSON commits of the rows table ``rows`` say ({}: unreadable)."""
     return {c: dict(per) for c, per in _read(rows, after=-1, ran={}).ran.items()}
 
 
-def read_ran(layout: StoreLayout, *, since: RanLog | None = None) -> RanLog:
-    """The evidence of the rows table's log: ``since`` or the saved one where still valid, plus the
-    commits after its ``upto``; with neither, every commit."""
-    start = since if since is not None else _load(layout)
-    return _read(layout.rows, after=start.upto, ran=start.ran, fingerprint=start.fingerprint,
+def read_ran(layout: StoreLayout, *, computation: str | None = None, since: RanLog | None = None) -> RanLog:
+    """The evidence of the log of :func:`table_of` ``computation``: ``since`` (read of that table) or the
+    saved one where still valid, plus the commits after its ``upto``; with neither, every commit."""
+    start = since if since is not None else _load(layout, computation)
+    return _read(table_of(layout, computation), after=start.upto, ran=start.ran, fingerprint=start.fingerprint,
                  read=start.read if since is None else 0)
 
 
-def save_ran(layout: StoreLayout, got: RanLog, *, forget: Mapping[str, Iterable[str]] | None = None) -> bool:
-    """Keep ``got`` for the next gc, without ``forget``'s names; False: not kept (e.g. a remote store)."""
-    path = saved_path(layout)
+def save_ran(layout: StoreLayout, got: RanLog, *, computation: str | None = None,
+             forget: Mapping[str, Iterable[str]] | None = None) -> bool:
+    """Keep ``got`` (read of :func:`table_of` ``computation``) for the next gc, without ``forget``'s names;
+    False: not kept (e.g. a remote store)."""
+    path = saved_path(layout, computation)
     if path is None or got.upto < 0 or got.fingerprint is None:
         return False
     drop = {c: frozenset(names) for c, names in (forget or {}).items()}
@@ -76,15 +84,17 @@ def save_ran(layout: StoreLayout, got: RanLog, *, forget: Mapping[str, Iterable[
     return _keep_json(path, doc, what="the input_sets evidence")
 
 
-def checked_upto(layout: StoreLayout) -> int | None:
-    """The kept rows version up to which every tool commit has its audit row; None: read every commit."""
-    doc = _kept_doc(mark_path(layout), AUDIT_MARK_FORMAT_VERSION)
-    return None if doc is None or not _unchanged(layout, doc) else int(doc["upto"])
+def checked_upto(layout: StoreLayout, computation: str | None = None) -> int | None:
+    """The kept version of :func:`table_of` ``computation`` up to which every tool commit has its audit
+    row; None: read every commit."""
+    doc = _kept_doc(mark_path(layout, computation), AUDIT_MARK_FORMAT_VERSION)
+    return None if doc is None or not _unchanged(layout, doc, computation) else int(doc["upto"])
 
 
-def save_checked(layout: StoreLayout, upto: int) -> bool:
-    """Keep ``upto`` for the next gc. False: not kept (a remote store, no such commit, not written)."""
-    path, log = mark_path(layout), log_files(layout.rows)
+def save_checked(layout: StoreLayout, upto: int, computation: str | None = None) -> bool:
+    """Keep ``upto`` (a version of :func:`table_of` ``computation``) for the next gc. False: not kept (a
+    remote store, no such commit, not written)."""
+    path, log = mark_path(layout, computation), log_files(table_of(layout, computation))
     if path is None or log is None or upto < 0:
         return False
     if (text := log.read_text(f"{upto:020d}.json")) is None:
@@ -93,10 +103,14 @@ def save_checked(layout: StoreLayout, upto: int) -> bool:
     return _keep_json(path, doc, what="the audit check's version")
 
 
-def _kept_path(layout: StoreLayout, name: str) -> str | None:
+def _kept_path(layout: StoreLayout, name: str, computation: str | None) -> str | None:
     if not layout.is_local:
         return None
-    return os.path.join(layout.root.removeprefix("file://").removeprefix("file:"), "_gc", name)
+    folder = os.path.join(layout.root.removeprefix("file://").removeprefix("file:"), "_gc")
+    if computation is not None:
+        table_of(layout, computation)  # a valid name: no path outside _gc/
+        folder = os.path.join(folder, "computations", computation)
+    return os.path.join(folder, name)
 
 
 def _keep_json(path: str, doc: Mapping[str, Any], *, what: str) -> bool:
@@ -131,9 +145,9 @@ def _kept_doc(path: str | None, format_version: int) -> dict[str, Any] | None:
     return doc
 
 
-def _unchanged(layout: StoreLayout, doc: Mapping[str, Any]) -> bool:
-    """Whether the commit ``doc`` names is in the rows table's log with the same bytes."""
-    log = log_files(layout.rows)
+def _unchanged(layout: StoreLayout, doc: Mapping[str, Any], computation: str | None) -> bool:
+    """Whether the commit ``doc`` names is in the log of :func:`table_of` ``computation`` with the same bytes."""
+    log = log_files(table_of(layout, computation))
     text = None if log is None else log.read_text(f"{doc['upto']:020d}.json")
     return text is not None and _fingerprint(text) == doc["fingerprint"]
 
@@ -143,16 +157,16 @@ def _fingerprint(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _load(layout: StoreLayout) -> RanLog:
+def _load(layout: StoreLayout, computation: str | None) -> RanLog:
     """The saved evidence if valid for the log now, else none (upto -1); ``read`` counts the check."""
-    if (doc := _kept_doc(saved_path(layout), RAN_LOG_FORMAT_VERSION)) is None:
+    if (doc := _kept_doc(saved_path(layout, computation), RAN_LOG_FORMAT_VERSION)) is None:
         return RanLog({})
     try:
         ran = {str(c): {int(iv): frozenset(str(n) for n in names) for iv, names in per.items()}
                for c, per in doc["ran"].items()}
     except (ValueError, KeyError, TypeError, AttributeError):  # not ours: the full read
         return RanLog({})
-    if not _unchanged(layout, doc):  # another log, or that commit cleaned up
+    if not _unchanged(layout, doc, computation):  # another log, or that commit cleaned up
         return RanLog({}, read=1)
     return RanLog(ran, doc["upto"], doc["fingerprint"], read=1)
 

@@ -1,16 +1,19 @@
 """Stream retention that never undoes exactly-once delivery (``gc --stream-retention-hours``,
 docs/operations.md): a record whose production a rows commit still holds checkpointed is kept (a
-restart would redeliver it). The rows table is read after the stream's version ``S``: a record in
-``S`` was delivered after its commit, which either still holds it or was cleared by a later one."""
+restart would redeliver it). The computations' rows tables are listed and read after the stream's
+version ``S`` (each at its own newest version): a record in ``S`` was delivered after its commit (to a
+table that existed by then), which either still holds it or was cleared by a later one."""
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from functools import reduce
 from typing import Any
 
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.fencing import on_conflict_again
+from deltawheel.statestore.rowtable.tables import rows_tables
 
 __all__ = ["StreamRetention", "stream_retention"]
 
@@ -31,14 +34,18 @@ def _version(spark: Any, path: str) -> int:
 
 def stream_retention(spark: Any, layout: StoreLayout, path: str, *, stream: str, cutoff_ms: int,
                      rows_table: bool, apply: bool) -> StreamRetention:
-    """Remove (``apply``) or count the records before ``cutoff_ms`` whose production is not checkpointed."""
+    """Remove (``apply``) or count the records before ``cutoff_ms`` whose production is not checkpointed
+    in a computation's rows table (``rows_table`` False: none checked, the store has no rows)."""
     from pyspark.sql import functions as F
 
     old = (spark.read.format("delta").option("versionAsOf", _version(spark, path)).load(path)
            .where(F.col("timestamp_ms") < F.lit(int(cutoff_ms))).select("record_id"))
-    if rows_table:  # read after the stream's version (see the module's header)
-        rows = spark.read.format("delta").option("versionAsOf", _version(spark, layout.rows)).load(layout.rows)
-        held_ids = (rows.where(F.size("pending") > 0).select(F.explode("pending").alias("p"))
+    # listed and read after the stream's version (see the module's header)
+    tables = list(rows_tables(spark, layout).values()) if rows_table else []
+    if tables:
+        frames = [spark.read.format("delta").option("versionAsOf", _version(spark, t)).load(t)
+                  .where(F.size("pending") > 0).select(F.explode("pending").alias("p")) for t in tables]
+        held_ids = (reduce(lambda a, b: a.unionByName(b), frames)
                     .where(F.col("p.stream") == stream).select(F.col("p.production_id").alias("record_id")))
         doomed = old.join(held_ids.distinct(), "record_id", "left_anti").localCheckpoint(eager=True)
     else:

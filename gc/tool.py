@@ -27,20 +27,23 @@ def gc_store(spark: Any, layout: StoreLayout, *, apply: bool,
         What :func:`.passes.run_gc` raises, before anything changed.
     """
     from deltawheel.statestore.delta.txn import TableLog
-    from deltawheel.statestore.inspection.auditgap import audit_gap
+    from deltawheel.statestore.rowtable.tables import list_computations
 
-    from .background import audit_recovery
+    from .background import audit_gaps, audit_recovery
     from .inputsets import prune_input_sets
-    from .ranlog import checked_upto, read_ran, save_checked
+    from .ranlog import read_ran, save_checked
     from .zknodes import bound_pipelines, collect_zk_nodes
 
-    # read before a log clean-up drops them: the tool commits since the last check, what each interval ran
-    audit = audit_gap(spark, layout, after_version=checked_upto(layout))
-    ran = read_ran(layout) if apply and zookeeper is not None and passes.get("log_retention_ms") is not None else None
+    # read before a log clean-up drops them, in every rows table: the tool commits since the last check,
+    # what each interval ran
+    gap, checked = audit_gaps(spark, layout)
+    ran = ({c: read_ran(layout, computation=c) for c in (None, *list_computations(spark, layout))}
+           if apply and zookeeper is not None and passes.get("log_retention_ms") is not None else None)
     report = run_gc(spark, layout, now_ms=int(time.time() * 1000), apply=apply, **passes)
-    report = replace(report, actions=audit_recovery(spark, layout, audit.rows, apply=apply) + report.actions)
+    report = replace(report, actions=audit_recovery(spark, layout, gap, apply=apply) + report.actions)
     if apply:  # every tool commit read has its audit row now
-        save_checked(layout, audit.upto)
+        for table, upto in checked.items():
+            save_checked(layout, upto, table)
     if zookeeper is None:
         return report
     with zookeeper() as (client, root, chroot):

@@ -124,7 +124,7 @@ def _local_store_exists(root: str) -> bool:
 
 
 def bound_pipelines(client: KazooClient, *, rows_table_id: str) -> list[str]:
-    """The pipelines of ``client``'s chroot bound to the store whose rows table is ``rows_table_id``."""
+    """The pipelines of ``client``'s chroot bound to the store whose first rows table is ``rows_table_id``."""
     return [p for p in children(client, "/pipelines")
             if str((_object(client, store_path(p)) or {}).get("rows_table_id")) == rows_table_id]
 

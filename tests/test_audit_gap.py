@@ -30,10 +30,12 @@ def _audit_view(capsys: Any, store: str, *more: str) -> list[dict[str, Any]]:
 
 def test_sql_shows_the_missing_audit_row_from_the_commit_without_writing(  # type: ignore[no-untyped-def]
         spark, migrated_store, capsys) -> None:
+    from deltawheel.statestore.rowtable.tables import ensure_rows_table
     from deltawheel.statestore.surgery.audit import read_audit, recover_audit
 
     store = migrated_store.root
-    before = int(spark.sql(f"DESCRIBE HISTORY delta.`{migrated_store.rows}` LIMIT 1").collect()[0]["version"])
+    buckets = ensure_rows_table(spark, migrated_store, "buckets")  # the tool commits to buckets' rows table
+    before = int(spark.sql(f"DESCRIBE HISTORY delta.`{buckets}` LIMIT 1").collect()[0]["version"])
     version = tool_commit(spark, migrated_store, "lost-1", sequencers={0: 3, 2: 5})
     # sql (read-only): the audit view has the missing row, rebuilt from the commit; nothing written
     rows = _audit_view(capsys, store)
@@ -52,25 +54,30 @@ def test_sql_shows_the_missing_audit_row_from_the_commit_without_writing(  # typ
 
 
 def test_the_audit_check_reads_only_the_commits_after_the_last_gcs(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
-    """After a gc appended the missing rows it keeps the version it read up to (``gc/ranlog.py``);
-    the next check opens only the commits after it and finds what a read of every commit finds. A
-    kept version whose commit is not this log's any more is not used."""
+    """After a gc appended the missing rows it keeps, per rows table, the version it read up to
+    (``gc/ranlog.py``); the next check opens only the commits after it and finds what a read of every
+    commit finds. A kept version whose commit is not this log's any more is not used."""
     from deltawheel.gc.ranlog import checked_upto, mark_path, save_checked
-    from deltawheel.statestore.inspection.auditgap import audit_gap
-    from deltawheel.statestore.surgery.audit import recover_audit
+    from deltawheel.statestore.surgery.audit import audit_gap_of, recover_audit
 
     v1 = tool_commit(spark, migrated_store, "lost-1", sequencers={0: 3})
-    assert checked_upto(migrated_store) is None  # no gc yet: every commit
-    first = audit_gap(spark, migrated_store, after_version=checked_upto(migrated_store))
+    buckets = migrated_store.rows_of("buckets")  # the table the tool committed to: its versions
+
+    def gap(**options: Any) -> Any:
+        return audit_gap_of(spark, migrated_store, buckets, **options)
+
+    assert checked_upto(migrated_store, "buckets") is None  # no gc yet: every commit
+    first = gap(after_version=checked_upto(migrated_store, "buckets"))
     assert [r["audit_id"] for r in first.rows] == ["lost-1"] and first.upto == v1 and first.read == v1 + 1
     assert [r.audit_id for r in recover_audit(spark, migrated_store, first.rows)] == ["lost-1"]
-    assert save_checked(migrated_store, first.upto) and checked_upto(migrated_store) == v1
+    assert save_checked(migrated_store, first.upto, "buckets") and checked_upto(migrated_store, "buckets") == v1
+    assert checked_upto(migrated_store) is None  # the first rows table's mark is its own
     for n in range(2):  # commits of no tool
-        spark.sql(f"ALTER TABLE delta.`{migrated_store.rows}` SET TBLPROPERTIES ('deltawheel.test.n' = '{n}')")
+        spark.sql(f"ALTER TABLE delta.`{buckets}` SET TBLPROPERTIES ('deltawheel.test.n' = '{n}')")
     v2 = tool_commit(spark, migrated_store, "lost-2", sequencers={1: 4})
-    got = audit_gap(spark, migrated_store, after_version=checked_upto(migrated_store))
+    got = gap(after_version=checked_upto(migrated_store, "buckets"))
     assert (got.read, got.upto) == (3, v2)  # the three commits after v1, not the log's v2 + 1
-    full = audit_gap(spark, migrated_store)  # DESCRIBE HISTORY: every commit
+    full = gap()  # DESCRIBE HISTORY: every commit
     assert full.read == v2 + 1
 
     def same(r: dict[str, Any]) -> dict[str, Any]:  # the commit's time: commitInfo's vs the history's
@@ -79,13 +86,13 @@ def test_the_audit_check_reads_only_the_commits_after_the_last_gcs(spark, migrat
     assert [same(r) for r in got.rows] == [same(r) for r in full.rows] and [r["audit_id"] for r in got.rows] == ["lost-2"]
     assert abs(got.rows[0]["recorded_ms"] - full.rows[0]["recorded_ms"]) < 60_000
     # the kept version's commit is not this log's (e.g. the rows table made again): not used
-    path = mark_path(migrated_store)
+    path = mark_path(migrated_store, "buckets")
     assert path is not None
     with open(path, encoding="utf-8") as fh:
         doc = json.load(fh)
     with open(path, "w", encoding="utf-8") as fh:
         json.dump({**doc, "fingerprint": "0" * 64}, fh)
-    assert checked_upto(migrated_store) is None
+    assert checked_upto(migrated_store, "buckets") is None
 
 
 @pytest.mark.slow  # three gc runs over every table of the store: minutes on a loaded machine
@@ -111,4 +118,4 @@ def test_gc_appends_the_missing_audit_row_once_its_passes_succeeded(spark, migra
     # the next gc starts its check after the version this one read (a dry run keeps nothing)
     from deltawheel.gc.ranlog import checked_upto
 
-    assert (checked_upto(migrated_store) or -1) >= version
+    assert (checked_upto(migrated_store, "buckets") or -1) >= version

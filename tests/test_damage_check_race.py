@@ -35,7 +35,9 @@ def _deliver(stream_log: Path, rows_version: int) -> None:
 
 def test_a_commit_and_its_delivery_landing_during_the_check_are_no_damage(
         spark: Any, migrated_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    rows_log = Path(migrated_store.rows) / "_delta_log"
+    from deltawheel.statestore.rowtable.tables import ensure_rows_table
+
+    rows_log = Path(ensure_rows_table(spark, migrated_store, "bank")) / "_delta_log"  # the computation delivering
     stream = Path(migrated_store.stream("changes"))
     write_deltalake(str(stream), pa.table({"x": [1]}))
     stream_log = stream / "_delta_log"

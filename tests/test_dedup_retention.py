@@ -20,11 +20,11 @@ T0 = 1_700_000_000_000
 
 
 def _ids(spark, layout, key):  # type: ignore[no-untyped-def]
-    """The record ids the rows table holds for ``key`` of the buckets computation (None: no row):
+    """The record ids buckets' rows table holds for ``key`` of the buckets computation (None: no row):
     in the key's row, or in the record-ids rows of the image path's ids files."""
     from pyspark.sql import functions as F
 
-    rows = spark.read.format("delta").load(layout.rows).where(
+    rows = spark.read.format("delta").load(layout.rows_of("buckets")).where(
         (F.col("computation") == "buckets")
         & F.col("key").isin(key, IDS_KEY_PREFIX + key)).select("record_ids").collect()
     return None if not rows else sorted(i["record_id"] for r in rows for i in r["record_ids"] or ())

@@ -77,7 +77,7 @@ def test_vector_files_are_written_and_read_on_an_s3a_store(object_store) -> None
 def _rows_adds(layout) -> list[dict]:  # type: ignore[no-untyped-def]
     from deltawheel.statestore.delta.log import read_snapshot
 
-    snap = read_snapshot(layout.rows)
+    snap = read_snapshot(layout.rows_of("buckets"))
     assert snap is not None
     return [a for a in snap.adds if (a.get("partitionValues") or {}).get("computation") == "buckets"]
 
@@ -118,9 +118,9 @@ def test_a_writer_taking_intervals_purges_the_vectors_it_finds(spark, migrated_s
     run("w1", range(0, 3))
     for fs in state_files().values():
         for a in fs:
-            keys = pq.read_table(os.path.join(migrated_store.rows, decode_path(a["path"]))).column("key").to_pylist()
+            keys = pq.read_table(os.path.join(migrated_store.rows_of("buckets"), decode_path(a["path"]))).column("key").to_pylist()
             if "q9" in keys:
-                mark_deleted(spark, migrated_store.rows, a["path"], [keys.index("q9")])
+                mark_deleted(spark, migrated_store.rows_of("buckets"), a["path"], [keys.index("q9")])
     assert any(a.get("deletionVector") for fs in state_files().values() for a in fs)
     assert _python_states(migrated_store) == _spark_states(spark, migrated_store)
     run("w2", range(3, 5))
@@ -133,12 +133,12 @@ def test_a_writer_taking_intervals_purges_the_vectors_it_finds(spark, migrated_s
 
 
 def _vector_files(layout) -> set[str]:  # type: ignore[no-untyped-def]
-    """The vector files the rows table's current version names (every computation's)."""
+    """The vector files the current version of buckets' rows table names."""
     import uuid
 
     from deltawheel.statestore.delta.log import read_snapshot
 
-    snap = read_snapshot(layout.rows)
+    snap = read_snapshot(layout.rows_of("buckets"))
     assert snap is not None
     return {vector_file_name(uuid.UUID(bytes=z85_decode(a["deletionVector"]["pathOrInlineDv"][-20:])))
             for a in snap.adds if (a.get("deletionVector") or {}).get("storageType") == "u"}
@@ -146,7 +146,7 @@ def _vector_files(layout) -> set[str]:  # type: ignore[no-untyped-def]
 
 def _spark_states(spark, layout) -> list[tuple[int, str, bytes | None]]:  # type: ignore[no-untyped-def]
     """(interval, key, state) of the live rows (user keys, fence rows, ids rows), sorted, as Spark reads them."""
-    rows = spark.read.format("delta").load(layout.rows).where("computation = 'buckets'").select(
+    rows = spark.read.format("delta").load(layout.rows_of("buckets")).where("computation = 'buckets'").select(
         "interval", "key", "state").collect()
     return _one_per_key([(int(r["interval"]), r["key"], None if r["state"] is None else bytes(r["state"])) for r in rows])
 
@@ -158,7 +158,7 @@ def _python_states(layout) -> list[tuple[int, str, bytes | None]]:  # type: igno
 
     out = []
     for a in _rows_adds(layout):
-        t = live_table(TableFiles(layout.rows), decode_path(a["path"]), a.get("deletionVector"), columns=["key", "state"])
+        t = live_table(TableFiles(layout.rows_of("buckets")), decode_path(a["path"]), a.get("deletionVector"), columns=["key", "state"])
         iv = int(a["partitionValues"]["interval"])
         out += [(iv, k, v) for k, v in zip(t.column("key").to_pylist(), t.column("state").to_pylist(), strict=True)]
     return _one_per_key(out)

@@ -684,7 +684,7 @@ def test_a_commit_of_another_process_between_batches_is_kept(spark, migrated_sto
         assert (r1.processed, r1.duplicates, r1.timers_fired) == (2, 1, 2)
         assert ex.path.version == v + 2
         hist = {r.version: r.readVersion for r in
-                spark.sql(f"DESCRIBE HISTORY delta.`{migrated_store.rows_of("buckets")}`").select("version", "readVersion").collect()}
+                spark.sql(f"DESCRIBE HISTORY delta.`{migrated_store.rows_of('buckets')}`").select("version", "readVersion").collect()}
         assert hist[v + 2] == v  # read on the held snapshot, which had not seen v + 1
         ex.flush(input_watermark_ms=40_000)
         ex.settle()

@@ -94,12 +94,16 @@ def _age_files(root: str, seconds: int) -> None:
 
 
 def _rows(spark, layout) -> list[dict]:  # type: ignore[no-untyped-def]
-    got = [r.asDict(recursive=True) for r in spark.read.format("delta").load(layout.rows).collect()]
+    """Every computation's rows (each in its own table)."""
+    from deltawheel.statestore.rowtable.tables import rows_frame
+
+    frame = rows_frame(spark, layout)
+    got = [] if frame is None else [r.asDict(recursive=True) for r in frame.collect()]
     return sorted(got, key=lambda r: (r["computation"], r["key"], r["sequencer"]))
 
 
 def _rows_by_delta_rs(layout) -> list[tuple]:  # type: ignore[no-untyped-def]
-    """The rows table read without Spark: ``deltalake`` (delta-rs) replays the log, pyarrow reads
+    """Every rows table read without Spark: ``deltalake`` (delta-rs) replays its log, pyarrow reads
     the live files it lists (delta-rs reads no deletion vectors: the test asserts there are none)."""
     import os
     from urllib.parse import unquote
@@ -107,15 +111,17 @@ def _rows_by_delta_rs(layout) -> list[tuple]:  # type: ignore[no-untyped-def]
     import pyarrow as pa
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
+    from deltawheel.statestore.rowtable.tables import rows_tables
 
-    adds = pa.table(DeltaTable(layout.rows).get_add_actions(flatten=True)).to_pylist()
-    assert not any(v for a in adds for k, v in a.items() if k.startswith("deletionVector")), adds
     out = []
-    for a in adds:
-        t = pq.read_table(os.path.join(layout.rows, unquote(a["path"])))
-        for r in t.to_pylist():
-            out.append((a["partition.computation"], int(a["partition.interval"]), r["key"], r["state"],
-                        r["sequencer"]))
+    for table in rows_tables(None, layout).values():
+        adds = pa.table(DeltaTable(table).get_add_actions(flatten=True)).to_pylist()
+        assert not any(v for a in adds for k, v in a.items() if k.startswith("deletionVector")), adds
+        for a in adds:
+            t = pq.read_table(os.path.join(table, unquote(a["path"])))
+            for r in t.to_pylist():
+                out.append((a["partition.computation"], int(a["partition.interval"]), r["key"], r["state"],
+                            r["sequencer"]))
     return sorted(out)
 
 
@@ -181,10 +187,11 @@ def test_vacuum_keeps_files_the_image_path_wrote(spark, migrated_store, old_quot
     from deltawheel.statestore.delta.txn import TableLog, new_add, partition_file_name, write_file
     from deltawheel.statestore.rowtable.frames import arrow_schema
     from deltawheel.statestore.rowtable.rows import ROW_FORMAT_VERSION, rows_file_ddl, rows_schema_ddl
+    from deltawheel.statestore.rowtable.tables import ensure_rows_table
 
     from deltawheel.cli import main
 
-    rows = migrated_store.rows
+    rows = ensure_rows_table(spark, migrated_store, "c")  # computation c's rows table
     spark.createDataFrame([("c", 0, "by_delta", b"1", "json", [], None, None, [], [], None, 0, None, None,
                             ROW_FORMAT_VERSION, 0)],
                           rows_schema_ddl()).write.format("delta").mode("append").save(rows)
@@ -205,7 +212,7 @@ def test_vacuum_keeps_files_the_image_path_wrote(spark, migrated_store, old_quot
     assert main(["gc", "--store", migrated_store.root, "--apply", "--vacuum-retain-hours", "0", "--force"]) == 0
     out = capsys.readouterr().out
     assert "vacuumed files older than 0 h" in out, out
-    assert re.findall(r"\[done\] paths +rows: (\d+) live files recorded under URL-quoted paths", out) == (
+    assert re.findall(r"\[done\] paths +computations/c/rows: (\d+) live files recorded under URL-quoted paths", out) == (
         ["1"] if old_quoting else []), out
     want = [("c", 0, "by_delta", b"1", 0), ("c", 1, "by_image", b"2", 0)]
     got = sorted((r["computation"], r["interval"], r["key"], bytes(r["state"]), r["sequencer"])
@@ -218,7 +225,7 @@ def _live_paths(layout) -> list[dict]:  # type: ignore[no-untyped-def]
     import pyarrow as pa
     from deltalake import DeltaTable
 
-    return pa.table(DeltaTable(layout.rows).get_add_actions(flatten=True)).select(["path"]).to_pylist()
+    return pa.table(DeltaTable(layout.rows_of("c")).get_add_actions(flatten=True)).select(["path"]).to_pylist()
 
 
 def test_gc_refuses_a_retention_below_deltas_minimum(spark, migrated_store, capsys) -> None:  # type: ignore[no-untyped-def]

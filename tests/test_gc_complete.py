@@ -94,6 +94,7 @@ def test_gc_deletes_znodes_of_gone_instances_and_finished_replays(spark, migrate
     from dataclasses import replace
 
     from deltawheel.statestore.delta.txn import TableLog
+    from deltawheel.statestore.rowtable.tables import ensure_rows_table
     from deltawheel.statestore.zk.binding import bind_store
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.members import Membership
@@ -102,6 +103,7 @@ def test_gc_deletes_znodes_of_gone_instances_and_finished_replays(spark, migrate
     from deltawheel.cli import main
 
     table_id = TableLog(spark, migrated_store.rows).table_id()
+    ensure_rows_table(spark, migrated_store, "c")  # computation c's rows table: its replay horizon
     client = connect(zk_config)
     root = connect(replace(zk_config, chroot="/"))
     try:
@@ -125,7 +127,7 @@ def test_gc_deletes_znodes_of_gone_instances_and_finished_replays(spark, migrate
         args = ["gc", "--store", migrated_store.root, "--zk", zk_config.hosts, "--zk-chroot", zk_config.chroot]
         assert main([*args, "--keep-replay-hours", "24"]) == 0  # the plan
         out = capsys.readouterr().out
-        assert "replay_horizon   rows: replay can start from versions committed after" in out, out
+        assert "replay_horizon   computations/c/rows: replay can start from versions committed after" in out, out
         assert "(168 h back): the oldest is version 0" in out, out
         assert "[plan] zk_instances     zk:/pipelines/p: would delete 2 estimates of gone instances" in out, out
         assert "would delete 1 chroots of replays whose shadow store is gone" in out, out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -50,12 +51,12 @@ def ran(request, spark, zk_server, tmp_path_factory,
 def test_each_version_holds_what_its_batch_left(spark, ran) -> None:  # type: ignore[no-untyped-def]
     layout, after, _path = ran
     expected = expected_states()
-    files = TableFiles(layout.rows)
+    files = TableFiles(layout.rows_of("summer"))
     read: dict[int, dict[str, Any]] = {}
 
     def travel(version: int) -> dict[str, Any]:
         if version not in read:
-            df = spark.read.format("delta").option("versionAsOf", version).load(layout.rows)
+            df = spark.read.format("delta").option("versionAsOf", version).load(layout.rows_of("summer"))
             read[version] = {r["key"]: r for r in df.where("computation = 'summer'").collect()}
         return read[version]
 
@@ -88,7 +89,7 @@ def test_each_version_holds_what_its_batch_left(spark, ran) -> None:  # type: ig
 
 def test_every_key_history_equals_the_per_key_one(ran) -> None:  # type: ignore[no-untyped-def]
     layout, _after, _path = ran
-    files = TableFiles(layout.rows)
+    files = TableFiles(layout.rows_of("summer"))
     every = [(c.key, c.commit.version, c.change) for c in walk_history(files, computation="summer")]
     one = sorted((c.key, c.commit.version, c.change)
                  for k in "abcdef" for c in key_history(files, computation="summer", key=k).changes)
@@ -128,7 +129,7 @@ def test_cli_lists_newest_first_and_says_what_is_wrong(ran, capsys, tmp_path) ->
 
 def test_typed_errors(ran, tmp_path) -> None:  # type: ignore[no-untyped-def]
     layout, _after, _path = ran
-    files = TableFiles(layout.rows)
+    files = TableFiles(layout.rows_of("summer"))
     with pytest.raises(KeyNeverSeenError, match=r"never held key 'zzz' in versions 0-\d+ of the rows table; check --key"):
         key_history(files, computation="summer", key="zzz")
     with pytest.raises(UnknownComputationError, match="holds no computation 'nope'.*it holds: summer"):
@@ -142,7 +143,7 @@ def test_typed_errors(ran, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.statestore.exceptions import VersionNotFoundError
 
     copy = tmp_path / "rows"
-    shutil.copytree(layout.rows, copy)
+    shutil.copytree(layout.rows_of("summer"), copy)
     live = {a["path"] for a in read_snapshot(str(copy)).adds}  # type: ignore[union-attr]
     gone = next(p for p in copy.glob("computation=summer/*/*.parquet")
                 if str(p.relative_to(copy)) not in live)
@@ -160,7 +161,7 @@ def test_state_history_view_lists_every_change_decoded(spark, ran) -> None:  # t
     assert "state_history" in register_views(spark, layout)
     got = spark.sql("SELECT key, version, commit_time, change, writer, kind, state_json, n_timers, timers, sequencer "
                     "FROM state_history WHERE computation = 'summer' ORDER BY key, version").collect()
-    files = TableFiles(layout.rows)
+    files = TableFiles(layout.rows_of("summer"))
     assert [(r["key"], r["version"], r["change"]) for r in got] == sorted(
         (c.key, c.commit.version, c.change) for k in "abcdef" for c in key_history(files, computation="summer", key=k).changes)
     for r in got:
@@ -175,7 +176,7 @@ def test_state_history_view_lists_every_change_decoded(spark, ran) -> None:  # t
 
 def _rows_at(spark, layout, **option) -> list[tuple[str, Any, int]]:  # type: ignore[no-untyped-def]
     """(key, decoded state, number of timers) of the rows table read by Delta's own time travel."""
-    df = spark.read.format("delta").options(**option).load(layout.rows)
+    df = spark.read.format("delta").options(**option).load(layout.rows_of("summer"))
     return sorted((r["key"], json.loads(r["state"]), len(r["timers"])) for r in df.collect()
                   if not r["key"].startswith("\x00"))
 
@@ -206,14 +207,15 @@ def test_sql_as_of_equals_delta_time_travel(spark, ran, capsys) -> None:  # type
     want = _rows_at(spark, layout, versionAsOf=mid)
     assert [(g["key"], json.loads(g["state_json"]), g["n_timers"]) for g in got[:-2]] == want
     assert want == sorted((k, s, 1) for k, (s, _t) in expected_states()[2].items())
-    hist = {int(r["version"]): r["timestamp"] for r in DeltaTable.forPath(spark, layout.rows).history().collect()}
+    rows = layout.rows_of("summer")
+    hist = {int(r["version"]): r["timestamp"] for r in DeltaTable.forPath(spark, rows).history().collect()}
     sums = spark.read.format("delta").option("timestampAsOf", hist[mid].isoformat(sep=" ")).load(layout.stream("sums"))
     assert got[-2] == {"n": sums.count()} and got[-2]["n"] == sum(not r for b in BATCHES[:3] for _k, _v, r in b)
     assert got[-1] == {"v": mid}
     assert f"as of {mid}:" in err and f"rows v{mid}" in err
     # a timestamp (the commit time of batch 3's last commit, in UTC): every table as Delta's own
     # TIMESTAMP AS OF reads it (given in the session's time zone)
-    ms = {int(r["version"]): int(r["ms"]) for r in DeltaTable.forPath(spark, layout.rows).history()
+    ms = {int(r["version"]): int(r["ms"]) for r in DeltaTable.forPath(spark, rows).history()
           .selectExpr("version", "unix_millis(timestamp) AS ms").collect()}[after[3]]
     utc = dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
     local = spark.sql(f"SELECT date_format(timestamp_millis({ms}), 'yyyy-MM-dd HH:mm:ss.SSS') AS t").collect()[0]["t"]
@@ -231,14 +233,20 @@ def test_as_of_refusals(spark, ran) -> None:  # type: ignore[no-untyped-def]
 
     layout, after, _path = ran
     tables = store_tables(spark, layout)
-    with pytest.raises(VersionNotFoundError, match=rf"the rows table has no version 999: its log holds versions 0-{after[-1]}"):
+    with pytest.raises(VersionNotFoundError,
+                       match=rf"the rows table of 'summer' has no version 999: its log holds versions 0-{after[-1]}"):
         resolve_as_of(spark, layout, "999", tables)
+    with pytest.raises(VersionNotFoundError, match="the rows table of 'summer' has no version 999"):
+        resolve_as_of(spark, layout, "summer@999", tables)
+    with pytest.raises(ConfigError, match="computation 'nope' has no rows table in this store"):
+        resolve_as_of(spark, layout, "nope@1", tables)
     with pytest.raises(VersionNotFoundError, match="no version at or before 2001-01-01T00:00:00.000"):
         resolve_as_of(spark, layout, "2001-01-01", tables)
     with pytest.raises(ConfigError, match="--as-of 'yesterday' is neither a version"):
         resolve_as_of(spark, layout, "yesterday", tables)
     got = resolve_as_of(spark, layout, str(after[0]), tables)
-    assert got.rows_version == after[0] and got.version_of(layout.stream("sums")) is not None
+    assert got.version_of(layout.rows_of("summer")) == after[0] and got.version_of(layout.stream("sums")) is not None
+    assert resolve_as_of(spark, layout, f"summer@{after[0]}", tables) == replace(got, asked=f"summer@{after[0]}")
 
 
 def test_history_refuses_a_store_it_cannot_read(capsys) -> None:  # type: ignore[no-untyped-def]

@@ -99,7 +99,7 @@ def ran(spark, zk_server, tmp_path_factory, migrated_template) -> tuple[Any, lis
             clock.advance(11 * 60_000 if b == EXPIRE else 1_000)
             got = ex.run_batch(_frame(spark, b), b, input_watermark_ms=None)
             assert got.duplicates == (1 if b == 5 else 0)
-            v = latest_local_version(layout.rows)
+            v = latest_local_version(layout.rows_of("tally"))
             assert v is not None
             after.append(v)
     finally:
@@ -141,11 +141,11 @@ def test_state_history_counts_the_ids_each_key_held_at_each_version(ran, capsys)
         ("insert", 1), ("update", 2), ("update", 3), ("delete", 4), ("insert", 1)]
     # the counts held across the compaction of batches 0-6's ids files into one of level 1
     adds = [json.loads(line)["add"]["path"] for v in range(after[8] + 1)
-            for line in Path(layout.rows, "_delta_log", f"{v:020d}.json").read_text().splitlines() if '"add"' in line]
+            for line in Path(layout.rows_of("tally"), "_delta_log", f"{v:020d}.json").read_text().splitlines() if '"add"' in line]
     assert any(is_ids_path(p) and ids_level(p) >= 1 for p in adds)
     assert [g["n_record_ids"] for g in got if g["key"] == "a"] == [1, 2, 3, 4, 5, 6, 7, 8, 1]
     # the Python reader says the same, for every key and for one
-    files = TableFiles(layout.rows)
+    files = TableFiles(layout.rows_of("tally"))
     every = sorted((c.key, c.commit.version, c.n_record_ids) for c in walk_history(files, computation="tally"))
     assert every == [(g["key"], g["version"], g["n_record_ids"]) for g in got]
     assert [(c.commit.version, c.n_record_ids) for c in key_history(files, computation="tally", key="b").changes] == \

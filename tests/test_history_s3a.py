@@ -120,7 +120,7 @@ def test_history_of_a_pipeline_run_on_an_s3a_store(spark, zk_server, migrated_s3
         None, expected[3]["c"][0], expected[1]["c"][0], expected[0]["c"][0]]
     assert got[0]["change"] == "delete" and got[-1]["change"] == "insert" and got[0]["version"] <= after[-1]
     # the state_history view (Spark's read of the same log) lists the same versions
-    assert table_files(spark, layout.rows) is not None
+    assert table_files(spark, layout.rows_of("summer")) is not None
     register_views(spark, layout)
     rows = spark.sql("SELECT version, change FROM state_history WHERE computation = 'summer' AND key = 'c' "
                      "ORDER BY version DESC").collect()

@@ -45,7 +45,7 @@ def _run(spark, layout, zk_config, write_path: str):  # type: ignore[no-untyped-
         reports.append(ex.flush(input_watermark_ms=60_000))
     finally:
         stop_executor(ex, client)
-    rows = spark.read.format("delta").load(layout.rows).where("computation = 'packed' AND key NOT LIKE '\u0000%'")
+    rows = spark.read.format("delta").load(layout.rows_of("packed")).where("computation = 'packed' AND key NOT LIKE '\u0000%'")
     state = {r["key"]: (r["codec"], None if r["state"] is None else get_codec(r["codec"]).decode(r["state"]),
                         sorted((t["tag"], t["time_ms"]) for t in r["timers"])) for r in rows.collect()}
     out = sorted((r["record_id"], r["key"], r["codec"], tuple(get_codec(r["codec"]).decode(r["value"])),

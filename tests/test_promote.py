@@ -261,7 +261,7 @@ def test_promote_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys) -
         assert main([*argv, "--wait", "600"]) == 0
         out = capsys.readouterr().out
         assert "promoted" in out and "catching up" in out, out
-        promoted = _state(spark, StoreLayout(str(into)).rows, "model")
+        promoted = _state(spark, StoreLayout(str(into)).rows_of("model"), "model")
         deadline = time.monotonic() + 900
         while not _all_read(spark, layout):
             assert time.monotonic() < deadline and not failed, failed
@@ -277,12 +277,12 @@ def test_promote_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys) -
                  "SELECT tool, source, computation, rows_changed, commit_version FROM audit"]) == 0
     (audit,) = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     kinds = {int(h["version"]): json.loads(h["userMetadata"]).get("kind") for h in spark.sql(
-        f"DESCRIBE HISTORY delta.`{layout.rows}`").collect() if h["userMetadata"]}
+        f"DESCRIBE HISTORY delta.`{layout.rows_of('model')}`").collect() if h["userMetadata"]}
     assert audit["tool"] == "promote" and audit["source"] == str(into) and audit["computation"] == "model"
     assert kinds[audit["commit_version"]] == "promote" and audit["rows_changed"] == len(promoted)
 
     # what an uninterrupted run of the model makes of the panes the live window_counter delivered
-    live, expected = _state(spark, layout.rows, "model"), expected_model(spark, store)
+    live, expected = _state(spark, layout.rows_of("model"), "model"), expected_model(spark, store)
     assert set(live) == set(expected[0])
     assert any(st.get("panes") for st in promoted.values())  # the changed code's field ...
     for key, st in live.items():

@@ -169,7 +169,7 @@ def test_promote_of_a_stage_fed_by_input_files_while_the_pipeline_runs(  # type:
         for p in rows:
             n, total = want.get(p["account"], (0, 0))
             want[p["account"]] = (n + 1, total + p["amount"] * (2 if name in replayed else 1))
-    rows = spark.read.format("delta").load(layout.rows).where("computation = 'balance'").collect()
+    rows = spark.read.format("delta").load(layout.rows_of("balance")).where("computation = 'balance'").collect()
     state = {r["key"]: codec.decode(r["state"]) for r in rows if not r["key"].startswith("\x00") and r["state"]}
     assert {k: (s["n"], s["sum"]) for k, s in state.items()} == want
     # the balances stream: every payment's sequence number once per account, none repeated or missing

@@ -92,7 +92,7 @@ def test_repair_as_a_user_runs_it_plan_update_delete_and_refusals(  # type: igno
     assert [(t, s, n) for t, s, n, _ in audit] == [("repair", update, 1),
                                                   ("repair", "DELETE FROM state WHERE key = 'dogs'", 1)]
     hist = {int(h["version"]): json.loads(h["userMetadata"]) for h in spark.sql(
-        f"DESCRIBE HISTORY delta.`{migrated_store.rows}`").collect() if h["userMetadata"]}
+        f"DESCRIBE HISTORY delta.`{migrated_store.rows_of('buckets')}`").collect() if h["userMetadata"]}
     assert all(hist[v]["kind"] == "repair" for *_, v in audit)
     # the read-only SQL tool stays read-only
     assert main(["sql", "--store", migrated_store.root, "DELETE FROM state WHERE key = 'cats'"]) != 0
@@ -150,10 +150,10 @@ def test_repair_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys, ho
     t.start()
     try:
         deadline = time.monotonic() + 600
-        while not os.path.isdir(layout.rows) or not _state(spark, layout.rows, "model"):
+        while not os.path.isdir(layout.rows_of("model")) or not _state(spark, layout.rows_of("model"), "model"):
             assert time.monotonic() < deadline and not failed, failed
             time.sleep(1)
-        key = sorted(_state(spark, layout.rows, "model"))[0]
+        key = sorted(_state(spark, layout.rows_of("model"), "model"))[0]
         files(4)
         stmt = (f"UPDATE state SET state_json = regexp_replace(state_json, '^[{{]', '{{\"repaired\": 1, ') "
                 f"WHERE key = '{key}'")
@@ -178,10 +178,10 @@ def test_repair_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys, ho
     assert any("handing intervals over to repair" in line for line in lines), lines[-20:]
     (audit,) = _sql(spark, layout, "SELECT tool, source, rows_changed, commit_version FROM audit")
     kinds = {int(h["version"]): json.loads(h["userMetadata"]).get("kind") for h in spark.sql(
-        f"DESCRIBE HISTORY delta.`{layout.rows}`").collect() if h["userMetadata"]}
+        f"DESCRIBE HISTORY delta.`{layout.rows_of('model')}`").collect() if h["userMetadata"]}
     assert audit[:3] == ("repair", stmt, 1 if how == "update" else 2) and kinds[audit[3]] == "repair"
 
-    live, (expected, preds) = _state(spark, layout.rows, "model"), expected_model(spark, store)
+    live, (expected, preds) = _state(spark, layout.rows_of("model"), "model"), expected_model(spark, store)
     merged = {"zz-merged": {"repaired": 2}} if how == "merge" else {}
     assert live == {**expected, key: {**expected[key], "repaired": 1}, **merged}
     got = _predictions(spark, store)
@@ -201,6 +201,7 @@ def test_a_continuous_run_hands_intervals_over_to_a_repair(spark, zk_config, tmp
     as soon as its commit landed, before its audit row. (The run then stops, and one with the usual
     ticks goes on: an idle stage's timers fire at its ticks.)"""
     from continuous_pipeline import click_rows, closing_row, expected, make, outputs, write_file
+    from deltawheel.statestore.layout import StoreLayout
     from test_continuous import wait_for
     from test_promote import _state
 
@@ -208,14 +209,15 @@ def test_a_continuous_run_hands_intervals_over_to_a_repair(spark, zk_config, tmp
 
     rows = click_rows(160)
     folder, store = tmp_path / "input", tmp_path / "store"
+    minutes = StoreLayout(str(store)).rows_of("user_minutes")  # user_minutes' rows table
     write_file(folder, "part-0.parquet", rows[:80])
     lines: list[str] = []
     with deltawheel.connect(spark, store=str(store), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                             pipeline="clicks") as engine:
         engine.progress = lines.append
         run = engine.start_pipeline(make(str(folder)), tick_s=3600.0)
-        wait_for("user_minutes holds state", lambda: bool(_state(spark, f"{store}/rows", "user_minutes")), runs=(run,))
-        key = sorted(_state(spark, f"{store}/rows", "user_minutes"))[0]
+        wait_for("user_minutes holds state", lambda: bool(_state(spark, minutes, "user_minutes")), runs=(run,))
+        key = sorted(_state(spark, minutes, "user_minutes"))[0]
         stmt = f"UPDATE state SET state_json = regexp_replace(state_json, '^[{{]', '{{\"999\": 5, ') WHERE key = '{key}'"
         assert main(["repair", "--store", str(store), "--pipeline", "clicks", "--computation", "user_minutes",
                      "--zk", zk_config.hosts, "--zk-chroot", zk_config.chroot, "--wait", "300", stmt]) == 0
@@ -237,4 +239,4 @@ def test_a_continuous_run_hands_intervals_over_to_a_repair(spark, zk_config, tmp
     assert len(handed) == 1 and len(back) == 1, lines[-20:]
     print(back[0], said, sep="\n")  # the pause's figures (pytest -rP shows them)
     assert got_users == want_users and got_totals == want_totals  # every output once
-    assert _state(spark, f"{store}/rows", "user_minutes")[key] == {"999": 5}  # the repaired field, kept
+    assert _state(spark, minutes, "user_minutes")[key] == {"999": 5}  # the repaired field, kept

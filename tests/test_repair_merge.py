@@ -143,7 +143,7 @@ def test_merge_as_a_user_bootstraps_and_patches_state_from_a_file(  # type: igno
     assert "repaired buckets: 2 keys written, 0 deleted" in capsys.readouterr().out
     after = state_of(spark, migrated_store, "buckets")
     assert after == {**before, "cats": ({"0": 40}, before["cats"][1]), "birds": ({"0": 7}, [])}
-    rows = {r["key"]: r for r in spark.read.format("delta").load(migrated_store.rows)
+    rows = {r["key"]: r for r in spark.read.format("delta").load(migrated_store.rows_of("buckets"))
             .where("computation = 'buckets'").collect()}
     assert rows["birds"]["interval"] == interval_of("birds", 4) and rows["birds"]["codec"] == "json"
     assert main(["sql", "--store", migrated_store.root, "--format", "json",
@@ -188,7 +188,7 @@ def test_timers_repaired_and_the_ttl_timer_refused(spark, migrated_store, zk_con
     finally:
         client.stop()
         client.close()
-    rows = {r["key"]: r for r in spark.read.format("delta").load(migrated_store.rows)
+    rows = {r["key"]: r for r in spark.read.format("delta").load(migrated_store.rows_of("ttl_buckets"))
             .where("computation = 'ttl_buckets'").collect()}
     assert [(t["tag"], t["time_ms"]) for t in rows["dogs"]["timers"] if t["tag"] == "0"] == []
     assert sorted((t["tag"], t["time_ms"]) for t in rows["cats"]["timers"] if t["tag"] == "0") == [("0", 30_000)]
@@ -298,7 +298,7 @@ def test_merge_inserts_keys_from_a_json_file_with_the_given_codec(  # type: igno
         client.stop()
         client.close()
     assert r.rows_changed == 2 and r.version is not None
-    rows = {x["key"]: x for x in spark.read.format("delta").load(migrated_store.rows)
+    rows = {x["key"]: x for x in spark.read.format("delta").load(migrated_store.rows_of("fresh"))
             .where("computation = 'fresh' AND key NOT LIKE '\u0000%'").collect()}
     assert {k: (x["interval"], x["codec"], get_codec("msgpack").decode(x["state"])) for k, x in rows.items()} == {
         "a": (interval_of("a", 4), "msgpack@2", {"n": 1}), "b": (interval_of("b", 4), "msgpack@2", {"n": 2})}

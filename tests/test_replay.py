@@ -263,12 +263,11 @@ def test_a_replay_needing_input_or_positions_that_are_gone_is_refused_with_the_h
         _plan(spark, store, tmp_path / "shadow", from_version=ends[0])
     shutil.copy(os.path.join(StoreLayout(str(src)).stream("window_counts"), gone.split("/", 1)[1]),
                 layout.stream("window_counts"))
-    # a commit of a tool (no input positions; here it writes a row of another computation) moves the horizon
-    from pyspark.sql import functions as F
+    # a commit of a tool to the model's rows table (no input positions; here it changes no row) moves the horizon
+    from deltawheel.statestore.delta.txn import TableLog
 
-    one = spark.read.format("delta").load(layout.rows).limit(1).withColumn("computation", F.lit("zz_tool"))
-    one.write.format("delta").mode("append").option(
-        "userMetadata", json.dumps({"computation": "model", "kind": "repair"})).save(layout.rows)
+    TableLog(spark, layout.rows_of("model")).commit(
+        user_metadata=json.dumps({"computation": "model", "kind": "repair"}))
     horizon = computation_commits(spark, layout, "model")[-1].version
     with pytest.raises(ReplayUnavailableError, match=f"replay from version {horizon} or later"):
         _plan(spark, store, tmp_path / "shadow", from_version=ends[0])
@@ -503,7 +502,7 @@ def test_a_replay_of_some_keys_diffs_only_them_and_its_promotion_replaces_only_t
 
     store, ends, zk = live
     layout = StoreLayout(str(store))
-    before = _model_rows(spark, layout.rows)
+    before = _model_rows(spark, layout.rows_of("model"))
     by_interval: dict[int, list[str]] = {}
     for k, (iv, _) in before.items():
         by_interval.setdefault(iv, []).append(k)
@@ -519,7 +518,7 @@ def test_a_replay_of_some_keys_diffs_only_them_and_its_promotion_replaces_only_t
     assert f"only intervals [{interval_of(key, 4)}] (those of keys ['{key}']" in got.out
     d = json.loads(out.read_text())
     # the shadow store holds only the key's interval
-    assert {iv for iv, _ in _model_rows(spark, StoreLayout(str(into)).rows).values()} == {interval_of(key, 4)}
+    assert {iv for iv, _ in _model_rows(spark, StoreLayout(str(into)).rows_of("model")).values()} == {interval_of(key, 4)}
     other = next(i for i in range(4) if i != interval_of(key, 4))
     with pytest.raises(ReplayTargetError, match=rf"holds a replay of intervals \[{interval_of(key, 4)}\], not \[{other}\]"):
         plan_replay(spark, store=layout, into=StoreLayout(str(into)), pipeline="zeitgeist", computation="model",
@@ -552,7 +551,7 @@ def test_a_replay_of_some_keys_diffs_only_them_and_its_promotion_replaces_only_t
                     "--computation", "model", "--code", "replay_model:TaggedModel"]
     assert main([*main_promote, "--intervals", str(interval_of(key, 4)), "--zk", zk.hosts,
                  "--zk-chroot", zk.chroot]) == 3  # the same refusal from the command line
-    assert _model_rows(spark, layout.rows) == before  # nothing changed
+    assert _model_rows(spark, layout.rows_of("model")) == before  # nothing changed
     client = connect(zk)
     try:
         r = promote(spark, store=layout, into=StoreLayout(str(tagged)), client=client, pipeline="zeitgeist",
@@ -561,11 +560,11 @@ def test_a_replay_of_some_keys_diffs_only_them_and_its_promotion_replaces_only_t
         client.stop()
         client.close()
     assert r.intervals == (iv,) and r.upserted
-    after = _model_rows(spark, layout.rows)
+    after = _model_rows(spark, layout.rows_of("model"))
     tagged_keys = {k for k, (_, st) in after.items() if st.get("tag") == "fixed"}
     assert tagged_keys and tagged_keys <= set(by_interval[iv])  # only the replayed interval's keys were written
     assert {k: v for k, v in after.items() if v[0] != iv} == {k: v for k, v in before.items() if v[0] != iv}
-    assert {k: v for k, v in after.items() if v[0] == iv} == _model_rows(spark, StoreLayout(str(tagged)).rows)
+    assert {k: v for k, v in after.items() if v[0] == iv} == _model_rows(spark, StoreLayout(str(tagged)).rows_of("model"))
     audit = [a for a in read_audit(spark, layout) if a["audit_id"] == r.audit_id]
     assert len(audit) == 1 and list(audit[0]["intervals"]) == [iv]
     # a replay from before the promotion crosses its commit and says the live state has a change it lacks

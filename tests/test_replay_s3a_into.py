@@ -102,7 +102,7 @@ def test_replay_into_s3a_then_promote_into_an_s3a_store_and_the_pipeline_goes_on
     capsys.readouterr()
     marker = read_marker(into, spark=spark)
     assert marker is not None and marker["store"] == store and marker["reached"] >= start
-    assert spark.read.format("delta").load(into.rows).count() > 0  # the shadow rows are on S3
+    assert spark.read.format("delta").load(into.rows_of("model")).count() > 0  # the shadow rows are on S3
     run(4)  # the live pipeline went on (stopped now): the replay is behind it
     promote = ["promote", "--from", into.root, "--store", store, "--pipeline", "zeitgeist", "--computation", "model",
                *zk_args]
@@ -112,7 +112,7 @@ def test_replay_into_s3a_then_promote_into_an_s3a_store_and_the_pipeline_goes_on
     assert main(promote) == 0
     out = capsys.readouterr().out
     assert "promoted" in out and "catching up" in out, out
-    promoted = _state(spark, into.rows, "model")
+    promoted = _state(spark, into.rows_of("model"), "model")
     assert any(st.get("panes") for st in promoted.values())
     run(6)  # the pipeline continues from the promoted state
 
@@ -121,7 +121,7 @@ def test_replay_into_s3a_then_promote_into_an_s3a_store_and_the_pipeline_goes_on
     (audit,) = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert audit["tool"] == "promote" and audit["source"] == into.root and audit["computation"] == "model"
     assert audit["rows_changed"] == len(promoted)
-    live, expected = _state(spark, layout.rows, "model"), expected_model(spark, store)  # type: ignore[arg-type]
+    live, expected = _state(spark, layout.rows_of("model"), "model"), expected_model(spark, store)  # type: ignore[arg-type]
     assert set(live) == set(expected[0])
     for key, st in live.items():
         assert st.get("panes") == promoted.get(key, {}).get("panes")  # as promoted (the live code keeps it)

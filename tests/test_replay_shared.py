@@ -156,7 +156,7 @@ def _pending(spark: Any, layout: StoreLayout) -> dict[str, int]:
     """key -> number of pending (checkpointed, not yet cleared) productions of its row."""
     from pyspark.sql import functions as F
 
-    df = spark.read.format("delta").load(layout.rows).where(
+    df = spark.read.format("delta").load(layout.rows_of(NAME)).where(
         (F.col("computation") == NAME) & ~F.col("key").startswith("\x00"))
     return {r["key"]: len(r["pending"] or []) for r in df.collect() if r["pending"]}
 
@@ -217,7 +217,7 @@ def _pending_as_of(spark: Any, layout: StoreLayout, version: int | None) -> dict
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
-    df = reader.load(layout.rows).where((F.col("computation") == NAME) & ~F.col("key").startswith("\x00"))
+    df = reader.load(layout.rows_of(NAME)).where((F.col("computation") == NAME) & ~F.col("key").startswith("\x00"))
     return {r["key"]: len(r["pending"] or []) for r in df.collect() if r["pending"]}
 
 
@@ -608,7 +608,7 @@ def _write_rows(spark: Any, layout: StoreLayout, rows: dict[str, tuple[int, list
     writer = spark.createDataFrame(data, rows_schema_ddl()).write.format("delta").mode("overwrite")
     if meta is not None:
         writer = writer.option("userMetadata", json.dumps(meta))
-    writer.save(layout.rows)
+    writer.save(layout.rows_of(NAME))
 
 
 def test_a_replay_diff_compares_the_pending_of_intervals_no_replayed_commit_held_with_the_live_at_the_seed(  # type: ignore[no-untyped-def]

@@ -27,10 +27,10 @@ def _pipeline(spark, layout, zk_config, write_path, *, crash_and_gc: bool):  # t
         ex, client = start_executor(spark, layout, zk_config, BucketCounter(), write_path=write_path, writer="w2")
         client.stop()
         client.close()
-        before = read_snapshot(layout.rows)
+        before = read_snapshot(layout.rows_of("buckets"))
         report = run_gc(spark, layout, now_ms=0, apply=True)
-        assert any("[done] compact" in line and "rows" in line for line in report.lines())
-        after = read_snapshot(layout.rows)
+        assert any("[done] compact" in line and "computations/buckets/rows" in line for line in report.lines())
+        after = read_snapshot(layout.rows_of("buckets"))
         assert before is not None and after is not None
         # OPTIMIZE did rewrite the rows table's files (otherwise this test shows nothing)
         assert {a["path"] for a in after.adds} != {a["path"] for a in before.adds}
@@ -53,7 +53,7 @@ def test_a_restart_after_optimize_does_not_give_delivered_checkpoints_again(
     ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", writer="w2")
     client.stop()
     client.close()
-    spark.sql(f"OPTIMIZE delta.`{migrated_store.rows}`")
+    spark.sql(f"OPTIMIZE delta.`{migrated_store.rows_of('buckets')}`")
     ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", writer="w3")
     stop_executor(ex, client)
     assert ex.recovered == {"appended": 0, "merged": 0}

@@ -30,6 +30,7 @@ from deltawheel.statestore.rowtable.rows import (
     Timer,
     rows_schema_ddl,
 )
+from deltawheel.statestore.rowtable.tables import ensure_rows_table
 from deltawheel.statestore.writepath.streams import ensure_stream_table, list_streams, stream_schema_ddl
 
 from deltawheel.cli import main
@@ -58,7 +59,7 @@ def store(spark, tmp_path_factory, migrated_template) -> StoreLayout:  # type: i
     layout = StoreLayout(str(tmp_path_factory.mktemp("sql") / "store"))
     copy_migrated_store(migrated_template, Path(layout.root))
     (spark.createDataFrame([r.to_row() for r in ROWS], schema=rows_schema_ddl())
-     .write.format("delta").mode("append").save(layout.rows))
+     .write.format("delta").mode("append").save(ensure_rows_table(spark, layout, "wc")))
     path = ensure_stream_table(spark, layout, "out")
     assert ensure_stream_table(spark, layout, "out") == path  # idempotent
     (spark.createDataFrame([("id1", "A", b'{"x":2}', "json", 7000, dt.datetime(2020, 1, 1), "wc", "c1", 1),
@@ -151,7 +152,7 @@ def test_inspect_reads_a_local_store_without_spark_as_spark_does(spark, store) -
     from pyspark.sql import functions as F
 
     for key in ("a", "c", "long"):
-        by_spark = spark.read.format("delta").load(store.rows).where(
+        by_spark = spark.read.format("delta").load(store.rows_of("wc")).where(
             (F.col("computation") == "wc") & (F.col("key") == key)).collect()
         assert key_row_from_files(store, computation="wc", key=key) == KeyRow.from_row(by_spark[0])
     assert key_row_from_files(store, computation="wc", key="nope") is None
@@ -196,9 +197,9 @@ def test_cli_in_process(store, tmp_path, capsys) -> None:  # type: ignore[no-unt
     out = capsys.readouterr().out
     assert "pending migrations" in out and "1  meta_and_rows" in out and "dry run" in out
     assert main(["migrate", "--store", new, "--apply"]) == 0
-    assert "store is now at schema version 7" in capsys.readouterr().out
+    assert "store is now at schema version 8" in capsys.readouterr().out
     assert main(["migrate", "--store", new, "--apply"]) == 0
-    assert "is up to date (schema version 7)" in capsys.readouterr().out
+    assert "is up to date (schema version 8)" in capsys.readouterr().out
 
 
 # a Spark application of its own (about 30 s); in the default run the same query's csv is checked in
@@ -265,7 +266,7 @@ def test_sql_server_with_sqlalchemy(store, tmp_path) -> None:  # type: ignore[no
                   # on a view: refused as the sql tool refuses it, before Delta's analysis fails it
                   "DELETE FROM state", "UPDATE state SET state_json = '{{}}'"):
             with engine.connect() as conn, pytest.raises(Exception, match=r"(?s)ReadOnlySqlError.*fenced path"):
-                conn.execute(text(q.format(rows=store.rows)))
+                conn.execute(text(q.format(rows=store.rows_of("wc"))))
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM state")).scalar() == 4
         assert _rows_version(store) == before
@@ -285,7 +286,7 @@ def test_sql_server_with_sqlalchemy(store, tmp_path) -> None:  # type: ignore[no
 
 
 def _rows_version(layout: StoreLayout) -> int:
-    logs = [f for f in os.listdir(os.path.join(layout.rows, "_delta_log")) if f.endswith(".json")]
+    logs = [f for f in os.listdir(os.path.join(layout.rows_of("wc"), "_delta_log")) if f.endswith(".json")]
     return max(int(f.split(".")[0]) for f in logs)
 
 
@@ -314,11 +315,11 @@ def test_sql_tool_is_read_only(spark, store, capsys) -> None:  # type: ignore[no
     from deltawheel.statestore.inspection.readonly import ReadOnlySqlError, check_read_only
 
     def version() -> int:
-        return int(spark.sql(f"DESCRIBE HISTORY delta.`{store.rows}`").agg({"version": "max"}).first()[0])
+        return int(spark.sql(f"DESCRIBE HISTORY delta.`{store.rows_of('wc')}`").agg({"version": "max"}).first()[0])
 
     before = version()
     for q in WRITES:
-        assert main(["sql", "--store", store.root, q.format(rows=store.rows)]) == 2, q
+        assert main(["sql", "--store", store.root, q.format(rows=store.rows_of("wc"))]) == 2, q
         err = capsys.readouterr().err
         assert "ReadOnlySqlError" in err and "fenced path" in err, (q, err)
     # two statements: each checked before any runs, the DELETE refused, the SELECT not run
@@ -329,7 +330,7 @@ def test_sql_tool_is_read_only(spark, store, capsys) -> None:  # type: ignore[no
     assert main(["sql", "--store", store.root, "--format", "json", "SELECT count(*) AS n FROM state"]) == 0
     assert json.loads(capsys.readouterr().out)["n"] == 4
     for q in ("WITH x AS (SELECT key FROM state) SELECT * FROM x", "SHOW TABLES", "DESCRIBE state",
-              "EXPLAIN SELECT * FROM state", f"DESCRIBE HISTORY delta.`{store.rows}`", "VALUES (1)"):
+              "EXPLAIN SELECT * FROM state", f"DESCRIBE HISTORY delta.`{store.rows_of('wc')}`", "VALUES (1)"):
         assert main(["sql", "--store", store.root, q]) == 0, q
     capsys.readouterr()
     with pytest.raises(ReadOnlySqlError, match=r"is a UpdateTable, which would change the store.*fenced path"):

@@ -117,7 +117,7 @@ def test_a_metrics_failure_never_fails_the_batch(spark, migrated_store, zk_confi
                    for m in caplog.messages)
     finally:
         stop_executor(ex, client)
-    assert spark.read.format("delta").load(migrated_store.rows).where("computation = 'buckets'").count() >= 1
+    assert spark.read.format("delta").load(migrated_store.rows_of("buckets")).where("computation = 'buckets'").count() >= 1
 
 
 def test_metrics_land_from_the_writer_thread_when_the_jvm_has_no_default_session(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
@@ -163,7 +163,7 @@ def test_status_shows_owners_watermarks_batches_and_dead_letters(spark, migrated
     # keys, not physical rows (each interval's fence row and the record-id rows are rows too)
     from pyspark.sql import functions as F
 
-    rows = spark.read.format("delta").load(migrated_store.rows).where("computation = 'buckets'")
+    rows = spark.read.format("delta").load(migrated_store.rows_of("buckets")).where("computation = 'buckets'")
     keys, physical = rows.where(~F.col("key").startswith("\x00")).count(), rows.count()
     assert 0 < keys < physical
     assert (f"state             {keys} key{'' if keys == 1 else 's'} ({physical} physical rows with the fence and "

@@ -240,6 +240,7 @@ def outputs(spark, store: Path) -> dict[str, Any]:  # type: ignore[no-untyped-de
     and each computation's keys (state and timers; the ids rows, whose times are the run's own,
     left out)."""
     from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.rowtable.tables import rows_frame
     from pyspark.sql import functions as F
 
     layout = StoreLayout(str(store))
@@ -250,7 +251,9 @@ def outputs(spark, store: Path) -> dict[str, Any]:  # type: ignore[no-untyped-de
     out["late_data"] = sorted(json.dumps({k: v for k, v in r.asDict().items() if k != "recorded_ms"},
                                          sort_keys=True, default=str)  # recorded_ms: the run's clock
                               for r in spark.read.format("delta").load(layout.late_data).collect())
-    rows = spark.read.format("delta").load(layout.rows).where(~F.col("key").startswith("\x00"))
+    frame = rows_frame(spark, layout)  # every computation's rows table
+    assert frame is not None, store
+    rows = frame.where(~F.col("key").startswith("\x00"))
     out["rows"] = sorted((r["computation"], r["key"], None if r["state"] is None else bytes(r["state"]),
                           sorted((t["tag"], t["time_ms"]) for t in r["timers"])) for r in rows.collect())
     return out
@@ -317,21 +320,25 @@ def test_first_stage_ids_bound_counts_the_records_of_the_last_span() -> None:
 
 
 def ids_per_computation(spark, store: Path) -> dict[str, int]:  # type: ignore[no-untyped-def]
-    """The record ids the rows table holds, per computation (ids files and key rows alike)."""
+    """The record ids the rows tables hold, per computation (ids files and key rows alike)."""
     from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.rowtable.tables import rows_frame
     from pyspark.sql import functions as F
 
-    rows = spark.read.format("delta").load(StoreLayout(str(store)).rows)
+    rows = rows_frame(spark, StoreLayout(str(store)))
+    assert rows is not None, store
     return {r["computation"]: int(r["ids"]) for r in rows.groupBy("computation")
             .agg(F.sum(F.size("record_ids")).alias("ids")).collect()}
 
 
 def pending_per_stream(spark, store: Path) -> dict[str, int]:  # type: ignore[no-untyped-def]
-    """The productions the rows table still holds checkpointed, per stream table (``streams/S``)."""
+    """The productions the rows tables still hold checkpointed, per stream table (``streams/S``)."""
     from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.rowtable.tables import rows_frame
     from pyspark.sql import functions as F
 
-    rows = spark.read.format("delta").load(StoreLayout(str(store)).rows)
+    rows = rows_frame(spark, StoreLayout(str(store)))
+    assert rows is not None, store
     return {f"streams/{r['stream']}": int(r["n"]) for r in rows.select(F.explode("pending").alias("p"))
             .groupBy(F.col("p.stream").alias("stream")).agg(F.count("*").alias("n")).collect()}
 
@@ -417,11 +424,17 @@ def test_demo_storage_stays_bounded_at_1x_5x_10x_and_a_kill_resumes_exactly(spar
         nodes = zk_paths(zk_server.hosts, chroot)
         ids = ids_per_computation(spark, store)
         pending = pending_per_stream(spark, store)
-        bounds = {name: (partitions if name == "rows" else 1, 3,
-                         partitions * FILE_BYTES + len(comps) * n_queries * STATE_BYTES + (first + 2 * later) * ID_BYTES
-                         if name == "rows" else FILE_BYTES + late * LATE_BYTES if name == "late_data"
-                         else FILE_BYTES + pending.get(name, 0) * RECORD_BYTES)
+        # the rows tables: each computation's (its intervals' files), their bytes together as one table's were;
+        # the store's first one holds nothing since migration 8
+        rows_bytes = partitions * FILE_BYTES + len(comps) * n_queries * STATE_BYTES + (first + 2 * later) * ID_BYTES
+        intervals_of = {f"computations/{c.name}/rows": c.num_intervals for c in comps}
+        bounds = {name: (intervals_of[name], 3, rows_bytes) if name in intervals_of
+                  else (0, 3, 0) if name == "rows"
+                  else (1, 3, FILE_BYTES + late * LATE_BYTES if name == "late_data"
+                        else FILE_BYTES + pending.get(name, 0) * RECORD_BYTES)
                   for name in figs}
+        assert set(intervals_of) <= set(figs), (scale, sorted(figs))
+        assert sum(figs[t][1] for t in intervals_of) <= rows_bytes, (scale, {t: figs[t] for t in intervals_of})
         # a stream table keeps only the records still checkpointed (stream retention's rule)
         for name in (t for t in figs if t.startswith("streams/")):
             kept = spark.read.format("delta").load(str(tables(store)[name])).count()

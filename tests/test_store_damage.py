@@ -44,9 +44,9 @@ def _first_batch(spark, layout, zk_config) -> str:  # type: ignore[no-untyped-de
     ex, client = _start(spark, layout, zk_config, "w1")
     assert ex.run_batch(events(spark, B1), 0, input_watermark_ms=11_000).productions == 3
     stop_executor(ex, client)  # settles the delivery
-    snap = read_snapshot(layout.rows)
+    snap = read_snapshot(layout.rows_of("buckets"))
     assert snap is not None
-    return os.path.join(layout.rows, "_delta_log", f"{snap.version:020d}.json")
+    return os.path.join(layout.rows_of("buckets"), "_delta_log", f"{snap.version:020d}.json")
 
 
 def _rest(spark, layout, zk_config, writer):  # type: ignore[no-untyped-def]
@@ -92,7 +92,7 @@ def test_a_deleted_newest_commit_is_refused_then_restored_gives_the_clean_rows(
                                                 rf"version {version}, found {version - 1}"):
         _start(spark, migrated_store, zk_config, "w2")
     for f in backup.iterdir():  # the documented recovery: restore the commit from the backup
-        shutil.copy(f, os.path.join(migrated_store.rows, "_delta_log"))
+        shutil.copy(f, os.path.join(migrated_store.rows_of("buckets"), "_delta_log"))
     assert _rest(spark, migrated_store, zk_config, "w3") == clean
 
 

@@ -74,7 +74,7 @@ def test_a_replacing_write_lands_once_is_audited_and_the_next_owner_goes_on_from
     assert [tuple(x) for x in got] == [("tester@here", "repair", "set cats, drop dogs", "buckets", [0, 1, 2, 3], 2,
                                         r.version)]
     hist = {int(h["version"]): json.loads(h["userMetadata"]) for h in spark.sql(
-        f"DESCRIBE HISTORY delta.`{migrated_store.rows}`").collect() if h["userMetadata"]}
+        f"DESCRIBE HISTORY delta.`{migrated_store.rows_of('buckets')}`").collect() if h["userMetadata"]}
     assert hist[r.version]["kind"] == "repair" and hist[r.version]["audit_id"] == r.audit_id
     # the pipeline takes the intervals again and goes on from the replaced state
     ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter())
@@ -207,7 +207,7 @@ def test_a_replacement_writes_no_empty_rows_and_gives_the_intervals_back_before_
     # the rows of the intervals as the recovery scan reads them (Python) and as Spark reads them
     store = RowStore(spark, migrated_store, writer="t")
     scanned = store.scan_intervals("buckets", range(4), include_fences=True)
-    by_spark = [KeyRow.from_row(r) for r in spark.read.format("delta").load(migrated_store.rows)
+    by_spark = [KeyRow.from_row(r) for r in spark.read.format("delta").load(migrated_store.rows_of("buckets"))
                 .where("computation = 'buckets'").collect()]
     def rows(got: list[Any]) -> list[str]:
         return sorted(json.dumps(r.to_row(), sort_keys=True, default=repr) for r in got)

@@ -32,7 +32,7 @@ def clicks(spark: Any, items: list[tuple[str, str, int]]) -> Any:
 
 def rows_of(spark: Any, layout: Any) -> dict[str, tuple[Any, str]]:
     """key -> (decoded state, codec column) of the totals rows holding a state."""
-    df = spark.read.format("delta").load(layout.rows)
+    df = spark.read.format("delta").load(layout.rows_of("totals"))
     got = df.where(f"computation = 'totals' AND key != '{FENCE_KEY}' AND state IS NOT NULL").collect()
     return {r["key"]: (J.decode(bytes(r["state"])), r["codec"]) for r in got}
 

@@ -48,9 +48,10 @@ def register(subparsers: Any) -> None:
                    help="show at most N rows (default: all for csv and json, "
                    f"{sqlviews.TABLE_MAX_ROWS} for table); a cut is said on stderr")
     add_allow_pickle_arg(p)
-    p.add_argument("--as-of", metavar="VERSION|TIMESTAMP",
-                   help="run the views over a past snapshot: the rows table's VERSION, or a TIMESTAMP (ISO "
-                   "8601, UTC unless an offset is given); docs/history.md")
+    p.add_argument("--as-of", metavar="COMPUTATION@VERSION|TIMESTAMP",
+                   help="run the views over a past snapshot: the instant of VERSION of COMPUTATION's rows table "
+                   "(VERSION alone in a store of one computation), or a TIMESTAMP (ISO 8601, UTC unless an "
+                   "offset is given); docs/history.md")
     add_spark_args(p)
     p.set_defaults(func=_sql)
 

@@ -1,6 +1,6 @@
 """The per-stage figures of ``demo --follow``, from the files a local run leaves: :class:`StageMonitor`
 measures each record's latency from arrival at a stage (the query's checkpoint says what a batch
-read) to its batch's rows-table commit (the Delta logs)."""
+read) to its batch's commit to the stage's rows table (the Delta logs)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,8 @@ class StageMonitor:
         self.layout, self.pipeline, self.generator = layout, pipeline, generator
         self.stages = stages  # (computation, the stream table it reads; None: the generator's files)
         self.figures = {name: StageFigures(name) for name, _ in stages}
-        self.rows = _DeltaLog(layout.rows, from_latest=True)
+        # each stage's own rows table (a table made after this starts is followed from its first version)
+        self.rows = {name: _DeltaLog(layout.rows_of(name), from_latest=True) for name, _ in stages}
         self.streams = {s: _DeltaLog(layout.stream(s), from_latest=False) for _, s in stages if s is not None}
         self.commits: dict[tuple[str, int], list[float]] = {}
         self.files: dict[str, dict[int, list[str]]] = {name: {} for name, _ in stages}
@@ -122,17 +123,18 @@ class StageMonitor:
 
     def poll(self) -> None:
         """Read what was committed since the last poll into the stages' figures."""
-        self.rows.poll()
-        for v in list(self.rows.versions):
-            mtime, _, info = self.rows.versions.pop(v)
-            try:
-                commit_id = str(json.loads(info.get("userMetadata") or "{}").get("commit_id", ""))
-            except ValueError:
-                continue
-            comp, _, rest = commit_id.partition(":")
-            batch_id = rest.partition(":")[0]
-            if comp and batch_id.isdigit():
-                self.commits.setdefault((comp, int(batch_id)), []).append(mtime)
+        for log in self.rows.values():
+            log.poll()
+            for v in list(log.versions):
+                mtime, _, info = log.versions.pop(v)
+                try:
+                    commit_id = str(json.loads(info.get("userMetadata") or "{}").get("commit_id", ""))
+                except ValueError:
+                    continue
+                comp, _, rest = commit_id.partition(":")
+                batch_id = rest.partition(":")[0]
+                if comp and batch_id.isdigit():
+                    self.commits.setdefault((comp, int(batch_id)), []).append(mtime)
         for log in self.streams.values():
             log.poll()
         for name, reads in self.stages:

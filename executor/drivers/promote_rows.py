@@ -24,7 +24,7 @@ def shadow_rows(spark: Any, into: StoreLayout, computation: str, *,
     cond = (F.col("computation") == computation) & (F.col("key") != FENCE_KEY)
     if intervals is not None:
         cond = cond & F.col("interval").isin(sorted(set(intervals)))
-    rows = [KeyRow.from_row(r) for r in spark.read.format("delta").load(into.rows).where(cond).toArrow().to_pylist()]
+    rows = [KeyRow.from_row(r) for r in spark.read.format("delta").load(into.rows_of(computation)).where(cond).toArrow().to_pylist()]
     held: dict[str, set[str]] = {}
     for r in rows:
         for p in r.pending:

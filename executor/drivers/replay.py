@@ -237,7 +237,9 @@ def _check_source(spark: Any, store: StoreLayout, *, pipeline: str, computation:
             if os.path.isdir(os.path.join(store.root, "_checkpoints")) else []
         raise ConfigError(f"pipeline {pipeline!r} has never run on store {store.root} (pipelines that have: "
                           f"{', '.join(known) or 'none'}); check --pipeline")
-    commits = computation_commits(spark, store, computation)
+    from deltawheel.statestore.rowtable.tables import list_computations
+
+    commits = computation_commits(spark, store, computation) if computation in list_computations(spark, store) else []
     if not commits:
         raise ConfigError(f"computation {computation!r} has no commit in the rows table of {store.root}; check "
                           "--computation (deltawheel status --store DIR lists the computations)")
@@ -265,17 +267,17 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
     horizon = replay_horizon(commits)
     newest = commits[-1].version
     if from_timestamp_ms is not None:
-        from_version = version_at_timestamp(spark, store, from_timestamp_ms)
+        from_version = version_at_timestamp(spark, store, computation, from_timestamp_ms)
     if from_start and horizon is not None:
         raise ReplayUnavailableError(f"{computation}: commits up to rows version {horizon} record no input positions, "
                                      f"so a replay cannot start from the start: use --from-version {horizon} or later")
     if from_version is not None:
-        history = spark.sql(f"DESCRIBE HISTORY delta.`{store.rows}`").select("version").collect()
+        history = spark.sql(f"DESCRIBE HISTORY delta.`{store.rows_of(computation)}`").select("version").collect()
         versions = [int(r[0]) for r in history]
         oldest, latest = min(versions), max(versions)
         if from_version < oldest or from_version > latest:
             raise ReplayUnavailableError(
-                f"rows version {from_version} does not exist in {store.root}: its log keeps versions {oldest} to "
+                f"rows version {from_version} does not exist in {computation}'s rows table of {store.root}: its log keeps versions {oldest} to "
                 f"{latest} (older ones are past Delta's log retention); replay possible "
                 f"from version {max(oldest, horizon or oldest)} on")
         if horizon is not None and from_version < horizon:
@@ -310,7 +312,8 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
 
 
 def _seed(spark: Any, store: StoreLayout, into: StoreLayout, plan: ReplayPlan, commits: Sequence[ComputationCommit]) -> None:
-    """C's rows as of the start version into the shadow rows table, with the mark of C's newest commit."""
+    """C's rows as of the start version of its table into its shadow rows table, with the mark of C's newest commit."""
+    from deltawheel.statestore.rowtable.tables import ensure_rows_table
     from pyspark.sql import functions as F
 
     v = plan.from_version
@@ -321,21 +324,22 @@ def _seed(spark: Any, store: StoreLayout, into: StoreLayout, plan: ReplayPlan, c
     if marks:
         meta["late"] = marks[0]
     try:
-        rows = spark.read.format("delta").option("versionAsOf", v).load(store.rows)
+        rows = spark.read.format("delta").option("versionAsOf", v).load(store.rows_of(plan.computation))
     except Exception as exc:
-        raise ReplayUnavailableError(f"rows version {v} of {store.rows} cannot be read ({str(exc).splitlines()[0][:200]}): "
+        raise ReplayUnavailableError(f"rows version {v} of {store.rows_of(plan.computation)} cannot be read ({str(exc).splitlines()[0][:200]}): "
                                      "its files are past Delta's retention (VACUUM); replay from a newer version") from exc
     rows = rows.where((F.col("computation") == plan.computation) & (F.col("key") != FENCE_KEY))
     if plan.intervals is not None:
         rows = rows.where(F.col("interval").isin(list(plan.intervals)))
     rows = rows.withColumn("sequencer", F.lit(0).cast("long")).withColumn(
         "pending", F.expr("filter(pending, p -> false)"))  # the live store delivers those
-    target_cols = spark.read.format("delta").load(into.rows).columns
+    target = ensure_rows_table(spark, into, plan.computation)
+    target_cols = spark.read.format("delta").load(target).columns
     (rows.select(*target_cols).write.format("delta").mode("append")
-     .option("userMetadata", json.dumps(meta, sort_keys=True)).save(into.rows))
+     .option("userMetadata", json.dumps(meta, sort_keys=True)).save(target))
     # the other instances' marks (newer): one empty commit each
     for mark in marks[1:]:
-        TableLog(spark, into.rows).commit(user_metadata=json.dumps({**meta, "late": mark}, sort_keys=True))
+        TableLog(spark, target).commit(user_metadata=json.dumps({**meta, "late": mark}, sort_keys=True))
 
 
 def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | None = None,

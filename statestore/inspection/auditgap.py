@@ -1,4 +1,4 @@
-"""Audit rows a tool that died after its rows commit did not append (``surgery/audit.py``), rebuilt
+"""Audit rows a tool that died after its commit to a rows table did not append (``surgery/audit.py``), rebuilt
 read-only from the commits' metadata with ``"recovered": true`` in ``detail``."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _audit_ids(spark: Any, layout: StoreLayout, version: int | None) -> set[str]
 
 @dataclass(frozen=True)
 class AuditGap:
-    """What :func:`audit_gap` found: the missing ``rows`` (oldest first), the newest rows version read
+    """What :func:`audit_gap` found: the missing ``rows`` (oldest first), the newest version of the table read
     (``upto``; -1: none) and how many commits' entries it opened (``read``)."""
 
     rows: list[dict[str, Any]]
@@ -40,21 +40,23 @@ class AuditGap:
     read: int
 
 
-def audit_gap(spark: Any, layout: StoreLayout, *, after_version: int | None = None, rows_version: int | None = None,
-              audit_version: int | None = None, audit_existed: bool = True) -> AuditGap:
-    """The audit rows missing for tools' commits after ``after_version`` (None: all; gc keeps it), oldest
-    first; commits past the log's retention unseen. ``rows_version`` / ``audit_version``: as of those
-    (default newest); ``audit_existed`` False: every tool's commit counts as missing."""
+def audit_gap(spark: Any, layout: StoreLayout, *, table: str | None = None, after_version: int | None = None,
+              rows_version: int | None = None, audit_version: int | None = None,
+              audit_existed: bool = True) -> AuditGap:
+    """The audit rows missing for tools' commits to the rows table ``table`` (a computation's; None: the
+    store's first) after ``after_version`` (None: all; gc keeps it), oldest first; commits past the log's
+    retention unseen. ``rows_version`` (of ``table``) / ``audit_version``: as of those (default newest);
+    ``audit_existed`` False: every tool's commit counts as missing."""
     have = (_audit_ids(spark, layout, audit_version) if audit_existed else None) or set()
+    path = layout.rows if table is None else table
     commits, read = None, 0
     if after_version is not None:
-        infos = commit_infos(layout.rows, after=after_version)
+        infos = commit_infos(path, after=after_version)
         if infos is not None:
             commits = [(v, int(i.get("timestamp") or 0), i.get("userMetadata")) for v, i in infos]
             read = len(infos)
     if commits is None:  # every commit's commitInfo opened
-        hist = spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}`").select("version", "timestamp",
-                                                                           "userMetadata").collect()
+        hist = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").select("version", "timestamp", "userMetadata").collect()
         commits = [(int(r["version"]), int(r["timestamp"].timestamp() * 1000), r["userMetadata"]) for r in hist
                    if after_version is None or int(r["version"]) > after_version]
         read = len(hist)

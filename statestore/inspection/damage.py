@@ -10,6 +10,7 @@ import re
 from ..delta.log import DAMAGE_DOC, damaged_entry, local_path, read_snapshot
 from ..exceptions import StoreDamagedError
 from ..layout import StoreLayout
+from ..rowtable.tables import rows_tables
 from ..writepath.streams import list_streams
 
 __all__ = ["check_log", "check_store"]
@@ -77,31 +78,36 @@ def check_log(path: str, *, table: str) -> int | None:
 
 
 def check_store(layout: StoreLayout) -> None:
-    """Check a local store's rows and stream tables' logs, and that no stream is ahead of the rows.
+    """Check a local store's rows tables' (the first and each computation's) and stream tables' logs, and
+    that no stream is ahead of the rows table of the computation that delivered to it.
 
     Raises:
-        StoreDamagedError: see :func:`check_log`, or the rows table is behind a delivery.
+        StoreDamagedError: see :func:`check_log`, or a computation's rows table is behind a delivery.
     """
     if not layout.is_local or check_log(layout.rows, table="rows") is None:
         return
     # the streams are read before the rows: a delivery lands after its rows commit, so a commit and a
     # delivery landing while the store is checked are both in the rows' later read, never only the stream's
-    delivered: dict[str, tuple[str, int]] = {}  # stream -> its newest delivery (app id, rows version)
+    delivered: dict[tuple[str, str], tuple[str, int]] = {}  # (stream, computation) -> its newest delivery
     for stream in list_streams(None, layout):
         path = layout.stream(stream)
         if check_log(path, table=f"stream {stream!r}") is None:
             continue
         snap = read_snapshot(path)
-        apps = [(app, v) for app, v in (snap.txns.items() if snap else ()) if app.startswith("deltawheel.")]
-        if apps:
-            delivered[stream] = max(apps, key=lambda kv: kv[1])
-    rows = check_log(layout.rows, table="rows")
-    rows = -1 if rows is None else rows  # its log gone meanwhile: every delivery is ahead of it
-    for stream, (app, v) in delivered.items():
+        for app, v in (snap.txns.items() if snap else ()):
+            if app.startswith("deltawheel.") and app.count(".") >= 2:  # deltawheel.<computation>.<interval>
+                key = (stream, app.split(".")[1])
+                if key not in delivered or v > delivered[key][1]:
+                    delivered[key] = (app, v)
+    newest = {c: check_log(path, table=f"{c!r} rows") for c, path in rows_tables(None, layout).items()}
+    for (stream, comp), (app, v) in sorted(delivered.items()):
+        rows = newest.get(comp)
+        rows = -1 if rows is None else rows  # its log gone meanwhile: every delivery is ahead of it
         if v > rows:
+            path = layout.rows_of(comp)
             raise StoreDamagedError(
-                f"the rows table ({layout.rows}) is behind what was delivered: stream {stream!r} records the "
-                f"productions of rows commit {v} (delivery {app}), but the rows table ends at version {rows} "
-                f"(expected at least version {v}, found {rows}): commit(s) of the rows table were lost and the "
-                f"state they held with them. Nothing was written. Restore {rows + 1:020d}.json .. "
-                f"{v:020d}.json into {layout.rows}/_delta_log from a backup of the store ({DAMAGE_DOC})")
+                f"the rows table of computation {comp!r} ({path}) is behind what was delivered: stream {stream!r} "
+                f"records the productions of rows commit {v} (delivery {app}), but its rows table ends at "
+                f"version {rows} (expected at least version {v}, found {rows}): commit(s) of the rows table were lost "
+                f"and the state they held with them. Nothing was written. Restore {rows + 1:020d}.json .. "
+                f"{v:020d}.json into {path}/_delta_log from a backup of the store ({DAMAGE_DOC})")

@@ -15,6 +15,7 @@ from ..exceptions import CodecError, ConfigError, NotAStoreError, ReplayUnavaila
 from ..layout import StoreLayout
 from ..objectstore.errors import raise_store_failure
 from ..rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
+from ..rowtable.tables import list_computations
 
 __all__ = ["StoreDiff", "diff_stores", "format_diff", "SAMPLE"]
 
@@ -97,7 +98,10 @@ class _Scope:
 def _rows(spark: Any, layout: StoreLayout, computation: str, version: int | None, scope: _Scope = _Scope()) -> Any:
     from pyspark.sql import functions as F
 
-    df = scope.of(_read(spark, layout.rows, version, f"store {layout.root}"), by_interval_column=True)
+    path = layout.rows_of(computation)
+    if version is None and computation not in list_computations(spark, layout):
+        path = layout.rows  # no commit of it yet: the store's first rows table has its columns and no rows
+    df = scope.of(_read(spark, path, version, f"store {layout.root}"), by_interval_column=True)
     return (df.where((F.col("computation") == computation) & (F.col("key") != FENCE_KEY)
                     & ~F.col("key").startswith(IDS_KEY_PREFIX))
             .select("key", "interval", "state", "codec", F.to_json(F.col("timers")).alias("timers"),
@@ -219,7 +223,8 @@ def diff_stores(spark: Any, a: StoreLayout, b: StoreLayout, computation: str, *,
                 exclude_commits: Collection[str] = (), seed_version: int | None = None,
                 seed_intervals: Collection[int] = ()) -> StoreDiff:
     """The difference of ``computation``'s rows and productions to ``streams`` between ``a`` and ``b``
-    (as of ``version_a`` / ``version_b``; None: newest), only of ``keys``, ``intervals`` (of
+    (as of ``version_a`` / ``version_b``, versions of the computation's rows table in each store; None:
+    newest; a store where it never committed: no rows), only of ``keys``, ``intervals`` (of
     ``num_intervals``) and ``batch_ids`` if given, without the productions of ``exclude_commits`` (a
     flush's). ``seed_version``: B is a replay seeded from A then: in ``seed_intervals`` B's rows
     without pending are compared with A's pending as of it.

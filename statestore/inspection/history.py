@@ -391,6 +391,7 @@ def store_key_history(layout: StoreLayout, *, computation: str, key: str, limit:
     Raises:
         ConfigError: ``limit`` < 1, or a store of another scheme.
         NotAStoreError: no rows table there.
+        UnknownComputationError: the store has no rows table of ``computation``.
         BucketMissingError, ObjectStoreAuthError, ObjectStoreUnreachableError, ObjectStoreError: the
             object store failed the read.
     """
@@ -399,7 +400,7 @@ def store_key_history(layout: StoreLayout, *, computation: str, key: str, limit:
 
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be at least 1, got {limit}; leave it out for every version")
-    files = files_from_env(layout.rows)
+    files = files_from_env(layout.rows_of(computation))
     if files is None:
         raise ConfigError(f"--store {layout.root}: history reads local folders, file: and s3a:// stores only; for "
                           "another scheme, query the state_history view (deltawheel sql)")
@@ -410,14 +411,34 @@ def store_key_history(layout: StoreLayout, *, computation: str, key: str, limit:
     if listed is None and not files.is_local:
         check_bucket(files, layout.root)
     if listed is None:
-        raise NotAStoreError(f"--store {layout.root} holds no rows table ({layout.rows}/_delta_log is missing): "
-                             "pass the folder of a store a pipeline has run on")
+        first = files_from_env(layout.rows)
+        if first is None or first.listdir("_delta_log") is None:
+            raise NotAStoreError(f"--store {layout.root} holds no rows table ({layout.rows}/_delta_log is missing): "
+                                 "pass the folder of a store a pipeline has run on")
+        raise UnknownComputationError(
+            f"the store has no rows table of computation {computation!r} ({layout.rows_of(computation)}): it never "
+            f"committed; it holds: {', '.join(_computations_of(layout)) or 'none'}. Check --computation")
     try:
         return key_history(files, computation=computation, key=key, limit=limit)
     except OSError as exc:
         if files.is_local:
             raise
         raise pyarrow_error(exc, layout.root) from exc
+
+
+def _computations_of(layout: StoreLayout) -> list[str]:
+    """The computations with a rows table in ``layout``, read without Spark (sorted)."""
+    from pyarrow import fs as pafs
+
+    from ..objectstore.s3a import files_from_env
+
+    root = files_from_env(layout.computations_root)
+    if root is None:
+        return []
+    infos = root.fs.get_file_info(pafs.FileSelector(root.path(""), allow_not_found=True))
+    return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory
+                  and root.fs.get_file_info(root.path(f"{i.base_name}/rows/_delta_log")).type
+                  == pafs.FileType.Directory)
 
 
 #: the columns of the ``state_history`` view (:mod:`.sqlviews`) before decoding

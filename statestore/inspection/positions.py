@@ -18,7 +18,7 @@ __all__ = ["ComputationCommit", "ToolChange", "computation_commits", "commits_si
 
 @dataclass(frozen=True, kw_only=True)
 class ComputationCommit:
-    """One commit of a computation to the rows table: ``batch_id`` / ``files``, its input positions
+    """One commit of a computation to its rows table: ``batch_id`` / ``files``, its input positions
     (``files`` None: none recorded); ``input_ms`` / ``late_ms``, the watermarks the batch acted on;
     ``kind``: ``batch``, ``claim`` or a tool's; ``kafka``: the offset ranges read (start inclusive)."""
 
@@ -58,37 +58,39 @@ class ToolChange:
                 f"{self.audit_id}) that the replay does not: keys it wrote differ unless later input rewrote them")
 
 
-def _history(spark: Any, layout: StoreLayout) -> list[Any]:
+def _history(spark: Any, layout: StoreLayout, computation: str) -> list[Any]:
+    path = layout.rows_of(computation)
     try:
-        return sorted(spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}`")
+        return sorted(spark.sql(f"DESCRIBE HISTORY delta.`{path}`")
                       .select("version", "timestamp", "userMetadata").collect(), key=lambda r: r["version"])
     except Exception as exc:  # Spark's AnalysisException: not a Delta table
         raise_store_failure(exc, layout.root)
-        raise NotAStoreError(f"{layout.root} has no rows table ({layout.rows}): not a deltawheel store, or not "
-                             f"migrated yet; check --store ({str(exc).splitlines()[0][:200]})") from exc
+        raise NotAStoreError(f"{layout.root} has no rows table for computation {computation!r} ({path}): not a "
+                             "deltawheel store, not migrated yet, or the computation never committed; check --store "
+                             f"and --computation ({str(exc).splitlines()[0][:200]})") from exc
 
 
 def computation_commits(spark: Any, layout: StoreLayout, computation: str) -> list[ComputationCommit]:
-    """Oldest first, every commit of ``computation`` to the rows table of ``layout``.
+    """Oldest first, every commit of ``computation`` to its rows table in ``layout``.
 
     Raises:
-        NotAStoreError: the store has no rows table.
+        NotAStoreError: the store has no rows table for ``computation``.
     """
-    return [c for r in _history(spark, layout)
+    return [c for r in _history(spark, layout, computation)
             if (c := _commit(int(r["version"]), int(r["timestamp"].timestamp() * 1000), r["userMetadata"],
                              computation)) is not None]
 
 
 def commits_since(spark: Any, layout: StoreLayout, computation: str, *, after: int) -> list[ComputationCommit]:
-    """Oldest first, the commits of ``computation`` after rows version ``after``.
+    """Oldest first, the commits of ``computation`` after version ``after`` of its rows table.
 
     Raises:
-        NotAStoreError: the store has no rows table.
+        NotAStoreError: the store has no rows table for ``computation``.
     """
     from ..delta.log import commit_infos
     from ..delta.storefs import table_files
 
-    files = table_files(spark, layout.rows)
+    files = table_files(spark, layout.rows_of(computation))
     infos = None if files is None else commit_infos(files, after=after)
     if infos is None:
         return [c for c in computation_commits(spark, layout, computation) if c.version > after]
@@ -150,7 +152,7 @@ def commits_after(commits: Sequence[ComputationCommit], version: int | None, *,
         if not c.replayable:
             h = replay_horizon(commits)
             raise ReplayUnavailableError(
-                f"version {c.version} of the rows table ({c.meta.get('computation')}, kind {c.kind}) records no "
+                f"version {c.version} of the rows table of {c.meta.get('computation')!r} (kind {c.kind}) records no "
                 f"input positions (written by an older deltawheel or a tool), so a replay cannot start before it: "
                 f"replay from version {h} or later (--from-version {h})")
         if c.reruns:
@@ -174,17 +176,18 @@ def tool_changes(commits: Sequence[ComputationCommit], version: int | None, *,
             for c in commits if c.meta.get("tool") and _inside(c, version, to_version)]
 
 
-def version_at_timestamp(spark: Any, layout: StoreLayout, timestamp_ms: int) -> int:
-    """The newest rows-table version committed at or before ``timestamp_ms``.
+def version_at_timestamp(spark: Any, layout: StoreLayout, computation: str, timestamp_ms: int) -> int:
+    """The newest version of ``computation``'s rows table committed at or before ``timestamp_ms``.
 
     Raises:
+        NotAStoreError: the store has no rows table for ``computation``.
         ReplayUnavailableError: every version is newer (names the oldest one and its time).
     """
-    hist = _history(spark, layout)
+    hist = _history(spark, layout, computation)
     older = [int(r["version"]) for r in hist if r["timestamp"].timestamp() * 1000 <= timestamp_ms]
     if not older:
         first = hist[0]
-        raise ReplayUnavailableError(f"the rows table has no version at or before {timestamp_ms} ms; its oldest "
+        raise ReplayUnavailableError(f"the rows table of {computation!r} has no version at or before {timestamp_ms} ms; its oldest "
                                      f"kept version is {first['version']} ({first['timestamp']}): give a later "
                                      "--from-timestamp, or --from-version")
     return max(older)

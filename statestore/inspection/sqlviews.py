@@ -189,10 +189,13 @@ def key_row_from_files(layout: StoreLayout, *, computation: str, key: str) -> Ke
     from ..delta.log import read_snapshot
     from ..delta.storefs import files_for
     from ..delta.txn import decode_path
+    from ..rowtable.tables import list_computations
 
     if not layout.is_local:
         return False
-    files = files_for(layout.rows)
+    if computation not in list_computations(None, layout):
+        return None if read_snapshot(layout.rows) is not None else False  # it never committed: no row
+    files = files_for(layout.rows_of(computation))
     snap = None if files is None else read_snapshot(files)
     if files is None or snap is None:
         return False
@@ -220,7 +223,10 @@ def inspect_key(spark: Any, layout: StoreLayout, *, computation: str, key: str,
             raise ConfigError(f"{layout.root}: this store's rows can only be read through Spark; pass a session")
         from pyspark.sql import functions as F
 
-        rows = spark.read.format("delta").load(layout.rows).where(
+        from ..rowtable.tables import rows_frame
+
+        frame = rows_frame(spark, layout, [computation])
+        rows = [] if frame is None else frame.where(
             (F.col("computation") == F.lit(computation)) & (F.col("key") == F.lit(key))).collect()
         local = KeyRow.from_row(rows[0]) if rows else None
     return None if local is None else row_json(local, allow_pickle=allow_pickle)

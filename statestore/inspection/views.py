@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from functools import reduce
 from typing import Any, Callable, Iterable, Mapping
 
 from ..codecs import base_name, get_codec
@@ -17,6 +18,7 @@ from ..delta.log import local_table_exists
 from ..exceptions import CodecError, ConfigError
 from ..layout import StoreLayout
 from ..rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
+from ..rowtable.tables import rows_tables
 from ..sqltext import sql_path, sql_str
 from ..tabledefs import AUDIT_COLUMNS, DEAD_LETTERS_COLUMNS, LATE_DATA_COLUMNS
 from ..writepath.streams import BUILTIN_VIEWS, list_streams
@@ -25,7 +27,7 @@ from .auditgap import audit_gap
 
 __all__ = ["StoreViews", "named_views", "register_views", "decode_value", "decode_json_text"]
 
-#: the views of the rows table, in the order they are defined (each reads ``rows`` or the table)
+#: the views of the rows tables, in the order they are defined (each reads ``rows`` or every computation's table)
 _ROWS_VIEWS = ("rows", "state", "timers", "pending_productions", "fences", "state_history")
 #: the side tables: an empty view of their columns before the table exists
 _SIDE_TABLES = ("dead_letters", "late_data", "audit")
@@ -88,10 +90,11 @@ def named_views(statement: str, names: Iterable[str]) -> list[str]:
 
 
 class StoreViews:
-    """The views of the store ``layout`` on ``spark``, defined as :meth:`ensure` asks. ``as_of``
-    (:func:`.asof.resolve_as_of`): every view reads its table at that version (a table
-    without one gets no view, the side tables an empty one). ``rows_source``: SQL naming a relation
-    with the rows table's columns, read in its place.
+    """The views of the store ``layout`` on ``spark``, defined as :meth:`ensure` asks; the rows views
+    read every computation's rows table. ``as_of`` (:func:`.asof.resolve_as_of`): every view reads its
+    tables at that version (a table without one is left out: no view when none is left, the side
+    tables an empty one). ``rows_source``: SQL naming a relation with the rows tables' columns, read
+    in their place.
 
     Raises:
         ConfigError: a stream table is named like a built-in view (when constructed).
@@ -111,7 +114,7 @@ class StoreViews:
                 taken.add(view.lower())
         self.defined: list[str] = []  # in the order they were defined
         self._tried: set[str] = set()
-        # the rows table's source text (None: no table, or not looked yet), or ``rows_source``
+        # the rows tables' source text (None: no table, or not looked yet), or ``rows_source``
         self._raw: str | None = rows_source
         self._raw_known = rows_source is not None
         self._udf = False
@@ -168,10 +171,25 @@ class StoreViews:
         v = self.as_of.version_of(path)
         return None if v is None else f"{sql_path(path)} VERSION AS OF {v}"
 
+    def _rows_tables(self) -> dict[str, str]:
+        """computation -> its rows table, for the computations with one (at ``as_of``: one by then)."""
+        tables = rows_tables(self.spark, self.layout)
+        if self.as_of is None:
+            return tables
+        return {c: p for c, p in tables.items() if self.as_of.version_of(p) is not None}
+
     def _rows_source(self) -> str | None:
+        """SQL naming every computation's rows (a UNION ALL of their tables); None: no table."""
         if not self._raw_known:
-            self._raw, self._raw_known = self._source(self.layout.rows), True
+            sources = [f"SELECT * FROM {self._table_source(p)}" for p in self._rows_tables().values()]
+            self._raw = f"({' UNION ALL '.join(sources)})" if sources else None
+            self._raw_known = True
         return self._raw
+
+    def _table_source(self, path: str) -> str:
+        """The SQL naming the existing Delta table at ``path`` (at ``as_of``'s version)."""
+        v = None if self.as_of is None else self.as_of.version_of(path)
+        return sql_path(path) if v is None else f"{sql_path(path)} VERSION AS OF {v}"
 
     def _define(self, name: str) -> None:
         definers: dict[str, Callable[[], None]] = {
@@ -238,14 +256,20 @@ class StoreViews:
         from ..delta.storefs import table_files
         from .historysource import StateHistorySource, source_options
 
-        files = table_files(self.spark, self.layout.rows)
-        if files is None:
+        frames: list[Any] = []
+        for path in self._rows_tables().values():  # one source per computation's table
+            files = table_files(self.spark, path)
+            if files is None:
+                return
+            if not frames:
+                self.spark.dataSource.register(StateHistorySource)
+            to_version = None if self.as_of is None else self.as_of.version_of(path)
+            frames.append(self.spark.read.format(StateHistorySource.name())
+                          .options(**source_options(files, to_version=to_version)).load())
+        if not frames:
             return
         self._decoder()
-        self.spark.dataSource.register(StateHistorySource)
-        (self.spark.read.format(StateHistorySource.name())
-         .options(**source_options(files, to_version=None if self.as_of is None else self.as_of.rows_version))
-         .load().createOrReplaceTempView("_dw_state_history"))
+        reduce(lambda a, b: a.unionByName(b), frames).createOrReplaceTempView("_dw_state_history")
         self._sql("state_history", (
             "SELECT computation, `interval`, key, version, timestamp_millis(commit_time_ms) AS commit_time, "
             "change, writer, kind, codec, dw_decode(codec, state) AS state_json, size(timers) AS n_timers, "
@@ -272,12 +296,15 @@ class StoreViews:
             self.defined.append(name)
 
     def _audit_gap(self) -> list[dict[str, Any]]:
-        """The audit rows missing for tools' rows commits (``auditgap.py``), as of ``as_of``."""
+        """The audit rows missing for tools' commits (``auditgap.py``) to every rows table (the store's
+        first, then each computation's), as of ``as_of``."""
+        tables = [self.layout.rows, *rows_tables(self.spark, self.layout).values()]
         if self.as_of is None:
-            return audit_gap(self.spark, self.layout).rows
+            return [r for t in tables for r in audit_gap(self.spark, self.layout, table=t).rows]
         audit_v = self.as_of.version_of(self.layout.audit)
-        return audit_gap(self.spark, self.layout, rows_version=self.as_of.rows_version, audit_version=audit_v,
-                         audit_existed=audit_v is not None).rows
+        return [r for t in tables if (v := self.as_of.version_of(t)) is not None
+                for r in audit_gap(self.spark, self.layout, table=t, rows_version=v, audit_version=audit_v,
+                                   audit_existed=audit_v is not None).rows]
 
     def _decoded(self, stream: str) -> None:
         self._decoder()

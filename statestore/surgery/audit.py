@@ -9,12 +9,12 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ..inspection.auditgap import AUDIT_FORMAT_VERSION, audit_gap
+from ..inspection.auditgap import AUDIT_FORMAT_VERSION, AuditGap, audit_gap
 from ..layout import StoreLayout
 from ..tabledefs import AUDIT_COLUMNS
 
 __all__ = ["AUDIT_FORMAT_VERSION", "AuditRecord", "append_audit", "read_audit", "who", "commit_meta",
-           "recover_audit"]
+           "recover_audit", "audit_gap_of", "store_rows_tables"]
 
 
 def who() -> str:
@@ -85,11 +85,27 @@ def commit_meta(record: AuditRecord) -> dict[str, Any]:
             "rows_upserted": record.rows_upserted, "rows_deleted": record.rows_deleted}
 
 
+def store_rows_tables(spark: Any, layout: StoreLayout) -> list[str]:
+    """Every rows table a tool may have committed to: the store's first (before migration 8), then each
+    computation's."""
+    from ..rowtable.tables import rows_tables
+
+    return [layout.rows, *rows_tables(spark, layout).values()]
+
+
+def audit_gap_of(spark: Any, layout: StoreLayout, table: str, **options: Any) -> AuditGap:
+    """:func:`audit_gap` (``options``: its settings) over one rows table ``table`` of ``layout``; its
+    versions are ``table``'s."""
+    return audit_gap(spark, layout, table=table, **options)
+
+
 def recover_audit(spark: Any, layout: StoreLayout, rows: Sequence[Mapping[str, Any]] | None = None) -> list[AuditRecord]:
-    """Append (idempotent by ``audit_id``) and return the audit rows missing for tools' rows commits."""
+    """Append (idempotent by ``audit_id``) and return the audit rows missing for tools' rows commits
+    (``rows``; None: those of every rows table)."""
     from delta.tables import DeltaTable
 
-    rows = audit_gap(spark, layout).rows if rows is None else list(rows)
+    rows = [r for table in store_rows_tables(spark, layout) for r in audit_gap_of(spark, layout, table).rows
+            ] if rows is None else list(rows)
     if not rows:
         return []
     df = spark.createDataFrame(rows, AUDIT_COLUMNS)

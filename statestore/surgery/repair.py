@@ -109,7 +109,7 @@ def _held_views(spark: Any, layout: StoreLayout, stmt: RepairStatement, *, compu
     from ..rowtable.frames import local_frame
     from ..rowtable.rows import rows_schema_ddl
 
-    files = None if _ROW_LOCAL.search(stmt.text) else table_files(spark, layout.rows)
+    files = None if _ROW_LOCAL.search(stmt.text) else table_files(spark, layout.rows_of(computation))
     rows = None if files is None else interval_rows(files, computation, range(num_intervals))
     if rows is None or len(rows) > _LOCAL_ROWS_MAX:
         return StoreViews(spark, layout)

@@ -196,7 +196,7 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
         t_back = time.monotonic()
         tl.paused_until()
     with tl.phase("the audit record"):
-        version = None if commit_id is None else _version_of(spark, layout, commit_id)
+        version = None if commit_id is None else _version_of(spark, layout, computation, commit_id)
         if commit_id is not None:
             say(f"{computation}: committed {len(ups)} rows written, {len(dels)} deleted"
                 + (f", the input-file sets of intervals {sorted(sets)} replaced" if sets else "")
@@ -246,9 +246,10 @@ def _acquire(spark: Any, layout: StoreLayout, owner: IntervalOwner, ivs: Sequenc
     return rec
 
 
-def _version_of(spark: Any, layout: StoreLayout, commit_id: str) -> int | None:
-    """The rows-table version whose metadata carries ``commit_id`` (newest first)."""
-    files = table_files(spark, layout.rows)
+def _version_of(spark: Any, layout: StoreLayout, computation: str, commit_id: str) -> int | None:
+    """The version of ``computation``'s rows table whose metadata carries ``commit_id`` (newest first)."""
+    rows_table = layout.rows_of(computation)
+    files = table_files(spark, rows_table)
     if files is not None:
         try:
             found = newest_commit_info(files, lambda info: _commit_id(info.get("userMetadata")) == commit_id)
@@ -256,7 +257,7 @@ def _version_of(spark: Any, layout: StoreLayout, commit_id: str) -> int | None:
             found = None
         if found is not None:
             return found[0]
-    for r in spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}` LIMIT 200").select("version", "userMetadata").collect():
+    for r in spark.sql(f"DESCRIBE HISTORY delta.`{rows_table}` LIMIT 200").select("version", "userMetadata").collect():
         if _commit_id(r["userMetadata"]) == commit_id:
             return int(r["version"])
     return None

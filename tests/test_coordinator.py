@@ -603,7 +603,10 @@ def _demo_rows(spark: Any, root: Path | str) -> dict[str, Any]:
         df = spark.read.format("delta").load(f"{root}/streams/{stream}")
         out[stream] = sorted((r["record_id"], r["key"], r["value"], r["timestamp_ms"], r["producer"])
                              for r in df.collect())
-    rows = spark.read.format("delta").load(f"{root}/rows")
+    from deltawheel.statestore.rowtable.tables import rows_frame
+
+    rows = rows_frame(spark, StoreLayout(str(root)))
+    assert rows is not None
     out["state"] = sorted((r["computation"], r["key"], r["state"], sorted((t["tag"], t["time_ms"]) for t in r["timers"]))
                           for r in rows.collect() if not r["key"].startswith("\x00"))
     return out

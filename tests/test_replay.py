@@ -158,7 +158,7 @@ def test_replay_with_a_changed_moving_average_differs_exactly_where_the_window_m
     d = json.loads(out.read_text())
     # what the live model predicted after the start version: the productions of its later commits
     early = {json.loads(r["userMetadata"])["commit_id"] for r in spark.sql(
-        f"DESCRIBE HISTORY delta.`{store}/rows`").collect()
+        f"DESCRIBE HISTORY delta.`{store}/computations/model/rows`").collect()
         if r["userMetadata"] and r["version"] <= ends[0] and json.loads(r["userMetadata"]).get("computation") == "model"}
     live_preds = {(r["key"], r["timestamp_ms"]): json.loads(r["value"]) for r in spark.read.format("delta").load(
         f"{store}/streams/predictions").collect() if r["commit_id"] not in early}
@@ -525,7 +525,7 @@ def test_a_replay_of_some_keys_diffs_only_them_and_its_promotion_replaces_only_t
                     from_version=ends[0], intervals=[other], num_intervals=4)
     # the diff: the key's predictions that differ, nothing of the others
     early = {json.loads(r["userMetadata"])["commit_id"] for r in spark.sql(
-        f"DESCRIBE HISTORY delta.`{store}/rows`").collect()
+        f"DESCRIBE HISTORY delta.`{store}/computations/model/rows`").collect()
         if r["userMetadata"] and r["version"] <= ends[0] and json.loads(r["userMetadata"]).get("computation") == "model"}
     series = _series(spark, store)[key]
     differs = []

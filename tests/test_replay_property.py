@@ -72,7 +72,7 @@ def _live_exactly_once(spark: Any, store: Path, payments: dict[str, list[dict[st
         for p in rows:
             n, total = want.get(p["account"], (0, 0))
             want[p["account"]] = (n + 1, total + p["amount"])
-    rows = spark.read.format("delta").load(f"{store}/rows").where("computation = 'balance'").collect()
+    rows = spark.read.format("delta").load(f"{store}/computations/balance/rows").where("computation = 'balance'").collect()
     state = {r["key"]: codec.decode(r["state"]) for r in rows if not r["key"].startswith("\x00") and r["state"]}
     assert {k: (s["n"], s["sum"]) for k, s in state.items()} == want
     seqs: dict[str, list[int]] = {}

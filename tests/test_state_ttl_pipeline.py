@@ -52,7 +52,7 @@ def write_clicks(folder: Path, name: str, clicks: list[tuple[str, int]], *, mtim
 
 def rows_of(spark: Any, store: Path, computation: str) -> dict[str, tuple[Any, str]]:
     """key -> (decoded state, codec column) of the computation's rows that hold a state."""
-    df = spark.read.format("delta").load(str(store / "rows"))
+    df = spark.read.format("delta").load(StoreLayout(str(store)).rows_of(computation))
     got = df.where(f"computation = '{computation}' AND key != '{FENCE_KEY}' AND state IS NOT NULL").collect()
     return {r["key"]: (J.decode(bytes(r["state"])), r["codec"]) for r in got}
 
@@ -62,7 +62,7 @@ def keys_of(spark: Any, store: Path, computation: str) -> set[str]:
     the row). On the image path a key's record ids live in the interval's ids files (rows under
     ``IDS_KEY_PREFIX + key``), which leave whole at the dedup horizon, not with the key's TTL: a
     redelivered record of an expired key is still a duplicate until then (docs/operations.md)."""
-    df = spark.read.format("delta").load(str(store / "rows"))
+    df = spark.read.format("delta").load(StoreLayout(str(store)).rows_of(computation))
     return {r["key"] for r in df.where(f"computation = '{computation}' AND key != '{FENCE_KEY}'").collect()
             if not r["key"].startswith(IDS_KEY_PREFIX)}
 

@@ -117,7 +117,7 @@ def test_the_same_run_on_a_delta_store_survives_a_restart(spark, tmp_path) -> No
     assert sorted(map(repr, restarted.output())) != [] and \
         sorted((o.stream, o.key, repr(o.value)) for o in restarted.output()) == \
         sorted((o.stream, o.key, repr(o.value)) for o in memory.output())
-    rows = spark.read.format("delta").load(f"{store}/rows").where("computation = 'card_spend' AND state IS NOT NULL")
+    rows = spark.read.format("delta").load(f"{store}/computations/card_spend/rows").where("computation = 'card_spend' AND state IS NOT NULL")
     assert rows.count() == 0  # every minute closed: no state left in the table
 
 

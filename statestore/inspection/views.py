@@ -179,9 +179,11 @@ class StoreViews:
         return {c: p for c, p in tables.items() if self.as_of.version_of(p) is not None}
 
     def _rows_source(self) -> str | None:
-        """SQL naming every computation's rows (a UNION ALL of their tables); None: no table."""
+        """SQL naming every computation's rows (a UNION ALL of their tables); None: no table at all."""
         if not self._raw_known:
             sources = [f"SELECT * FROM {self._table_source(p)}" for p in self._rows_tables().values()]
+            if not sources and (first := self._source(self.layout.rows)) is not None:
+                sources = [f"SELECT * FROM {first}"]  # no computation yet: the first table's columns, no row
             self._raw = f"({' UNION ALL '.join(sources)})" if sources else None
             self._raw_known = True
         return self._raw

@@ -18,7 +18,6 @@ from ..delta.log import local_path, local_table_exists
 from ..delta.storefs import table_files
 from ..exceptions import ConfigError, DeltaWheelError
 from ..layout import StoreLayout, validate_name
-from ..objectstore.errors import raise_store_failure
 from ..sqltext import sql_path, sql_str
 from .rows import rows_schema_ddl
 
@@ -87,8 +86,8 @@ def ensure_rows_table(spark: Any, layout: StoreLayout, computation: str) -> str:
     """Create ``computation``'s rows table if it doesn't exist yet (idempotent); return its path.
 
     Raises:
-        ConfigError: its table cannot be made (e.g. a plain file sits where its folder belongs).
-        ObjectStoreUnreachableError: the store's object store does not serve.
+        ConfigError: its table cannot be made in a local store (e.g. a plain file sits where its folder
+            belongs); on an object store the failure is raised as it is.
     """
     validate_name("computation", computation)
     path = layout.rows_of(computation)
@@ -103,7 +102,8 @@ def ensure_rows_table(spark: Any, layout: StoreLayout, computation: str) -> str:
     except DeltaWheelError:
         raise
     except Exception as exc:
-        raise_store_failure(exc, layout.root)
+        if not layout.is_local:
+            raise  # an object store that does not serve is not a path to clear: the caller types it
         cause = type(exc).__name__ + (f": {str(exc).strip().splitlines()[0]}" if str(exc).strip() else "")
         raise ConfigError(f"the rows table of computation {computation!r} cannot be made at {path}: {cause}; "
                           "clear that path (nothing but the computation's Delta table belongs there) and run "

@@ -64,11 +64,12 @@ def rows_frame(spark: Any, layout: StoreLayout, computations: Iterable[str] | No
 
 
 def _first_rows_template(spark: Any, layout: StoreLayout) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(metaData, protocol) of the store's first rows table, as its newest commits hold them."""
+    """(metaData, protocol) of the store's first rows table: from its newest JSON commits where they hold
+    them (a local store), else from Delta's snapshot."""
     folder = local_path(layout.rows) if layout.is_local else None
     if folder is not None:
         log = os.path.join(folder, "_delta_log")
-        names = sorted((n for n in os.listdir(log) if n.endswith(".json") and n[:20].isdigit()), reverse=True)
+        names = sorted((n for n in os.listdir(log) if n.endswith(".json") and n[:20].isdigit()), reverse=True)[:50]
         meta = proto = None
         for name in names:
             with open(os.path.join(log, name), encoding="utf-8") as f:

@@ -58,14 +58,14 @@ class Deployment:
     bytes_per_key: float = 200.0  # key + state + row columns in the image, compressed
     streams: int = 1  # output streams per computation (one production file per interval each)
     image_cache_miss: float = 0.0  # touched intervals whose image is read from the store
-    layout: str = "computation"  # rows tables: "single" (today), "computation", "group"
+    layout: str = "computation"  # rows tables: "single" (before migration 8), "computation" (today), "group"
     groups: int = 10  # interval groups per computation (layout "group")
     group_commit: bool = True
     log_expiry_s: float = 3_600  # deltawheel.logstore.expirationDelaySeconds (today: LOG_ENTRY_EXPIRY_S)
 
 
-#: today's layout and settings: one rows table, no group commit, entries kept a day; 1 s, 1,000 intervals
-TODAY = Deployment(layout="single", group_commit=False, batch_s=1.0, intervals=1_000, log_expiry_s=LOG_ENTRY_EXPIRY_S)
+#: today's layout and settings: a rows table per computation, no group commit, entries kept a day; 1 s, 1,000 intervals
+TODAY = Deployment(layout="computation", group_commit=False, batch_s=1.0, intervals=1_000, log_expiry_s=LOG_ENTRY_EXPIRY_S)
 
 
 def _ceiling(writers: float, group_commit: bool) -> float:

@@ -114,11 +114,11 @@ def test_the_page_s_figures_by_hand() -> None:
     assert m["breaks_first"] is None and m["limits"][0]["limit"] == "ZooKeeper reads/s"
     today = sm.model(sm.TODAY)
     entries = next(c for c in today["limits"] if c["limit"].startswith("log-store entries"))
-    assert entries["capacity"] == pytest.approx(1_048_575 / 29) and entries["used"] == pytest.approx(400 * 86_400)
+    assert entries["capacity"] == pytest.approx(1_048_575 / 29) and entries["used"] == pytest.approx(100 * 86_400)  # a table per computation: 100 writers
 
 
 def test_main_prints_markdown_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert sm.main([]) == 0
     assert capsys.readouterr().out.strip() == _doc_block("")
     assert sm.main(["--json", "--today"]) == 0
-    assert json.loads(capsys.readouterr().out)["deployment"]["layout"] == "single"
+    assert json.loads(capsys.readouterr().out)["deployment"]["layout"] == "computation"

@@ -15,56 +15,22 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import continuous_pipeline
+from continuous_pipeline import MinuteTotals
 from pyspark import cloudpickle
 
 import deltawheel
-from deltawheel import RECORD_KEY, Computation
 
 if __name__ != "__main__":
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark's workers cannot import test modules
 
-MINUTE = 60_000
 CLICKS = 400
 
 
-class UserMinutes(Computation):
-    """Stage 1: a user's clicks per minute of event time, produced once the minute is over."""
+class UserMinutes(continuous_pipeline.UserMinutes):
+    """docs/embedding.md's stage 1: a user's clicks per minute of event time, keyed by ``user``."""
 
-    name = "user_minutes"
     inputs = {"clicks": "user"}
-    outputs = ("user_counts",)
-
-    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
-        start = record.timestamp_ms - record.timestamp_ms % MINUTE
-        st = ctx.state or {}
-        st[str(start)] = st.get(str(start), 0) + 1
-        ctx.state = st
-        ctx.set_timer(str(start), start + MINUTE - 1)
-
-    def process_timer(self, ctx, timer):  # type: ignore[no-untyped-def]
-        st = dict(ctx.state)
-        start = int(timer.tag)
-        ctx.produce("user_counts", {"user": ctx.key, "start": start, "clicks": st.pop(timer.tag)}, key=str(start))
-        ctx.state = st or None
-
-
-class MinuteTotals(Computation):
-    """Stage 2: per minute, how many users clicked and how often."""
-
-    name = "minute_totals"
-    inputs = {"user_counts": RECORD_KEY}
-    outputs = ("totals",)
-
-    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
-        st = ctx.state or {"users": 0, "clicks": 0}
-        st["users"] += 1
-        st["clicks"] += record.value["clicks"]
-        ctx.state = st
-        ctx.set_timer("end", record.timestamp_ms)
-
-    def process_timer(self, ctx, timer):  # type: ignore[no-untyped-def]
-        ctx.produce("totals", {"start": int(ctx.key), **ctx.state})
-        ctx.state = None
 
 
 def clicks() -> list[dict[str, Any]]:

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from continuous_pipeline import MINUTE
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.delta.log import read_snapshot
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.tables import list_computations
-from split_store import CLICKS, MINUTE, append_clicks, clicks, run
+from split_store import CLICKS, append_clicks, clicks, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 

@@ -175,7 +175,7 @@ def test_a_tool_dying_between_its_commit_and_its_audit_row_leaves_a_row_the_next
     audit = read_audit(spark, migrated_store)
     assert len(audit) == 2 and audit[1]["audit_id"] == r.audit_id and audit[1]["rows_changed"] == 0
     lost = audit[0]
-    version = next(v for v, m in commit_metadata(spark, migrated_store) if m and m.get("audit_id") == lost["audit_id"])
+    version = next(v for v, m in commit_metadata(spark, migrated_store, "buckets") if m and m.get("audit_id") == lost["audit_id"])
     assert (lost["tool"], lost["who"], lost["pipeline"], lost["computation"], lost["commit_version"]) == (
         "repair", "tester@here", "test", "buckets", version)
     assert (lost["rows_upserted"], lost["rows_deleted"], lost["source"]) == (1, 1, "set cats, drop dogs")

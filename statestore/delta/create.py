@@ -1,4 +1,5 @@
-"""A Delta table's first commit written from Python on a local store, as ``CREATE TABLE`` writes it."""
+"""A Delta table's first commit written from Python on a local store, as ``CREATE TABLE`` writes it, and
+the tables below a folder."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import time
 import uuid
 from typing import Any, Mapping, Sequence
 
-__all__ = ["create_local_table", "spark_type_json"]
+from ..exceptions import ConfigError
+from .storefs import local_path
+
+__all__ = ["create_local_table", "spark_type_json", "tables_below"]
 
 #: session settings that change what Delta's CREATE TABLE writes: with one set, Spark makes the table
 DELTA_TABLE_DEFAULTS = ("spark.databricks.delta.properties.defaults.", "spark.databricks.delta.protocol.")
@@ -88,3 +92,29 @@ def _write_checksum(log: str, actions: list[dict[str, Any]]) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(json.dumps(crc, separators=(",", ":")))
     os.replace(tmp, os.path.join(log, f"{0:020d}.crc"))
+
+
+def tables_below(spark: Any | None, folder: str, *, inner: str = "", what: str = "tables") -> list[str]:
+    """Names of the folders in ``folder`` holding a Delta table at ``<name>/<inner>``, sorted (a local
+    folder without Spark).
+
+    Raises:
+        ConfigError: a remote folder and ``spark`` is ``None`` (``what`` names what was listed).
+    """
+    local = local_path(folder)
+    if local is not None:
+        if not os.path.isdir(local):
+            return []
+        return sorted(n for n in os.listdir(local) if os.path.isdir(os.path.join(local, n, inner, "_delta_log")))
+    if spark is None:
+        raise ConfigError(f"listing the {what} of {folder} needs a SparkSession")
+    from .jvm import jcontext, jvm
+
+    hfs = jvm(spark).org.apache.hadoop.fs
+    hpath = hfs.Path(folder)
+    fs = hpath.getFileSystem(jcontext(spark).hadoopConfiguration())
+    if not fs.exists(hpath):
+        return []
+    log = f"{inner}/_delta_log" if inner else "_delta_log"
+    return sorted(str(s.getPath().getName()) for s in fs.listStatus(hpath)
+                  if s.isDirectory() and fs.exists(hfs.Path(s.getPath(), log)))

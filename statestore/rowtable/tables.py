@@ -12,8 +12,8 @@ from typing import Any, Iterable
 
 from ..comments import ROWS as ROWS_COMMENTS
 from ..comments import comment_table
-from ..delta.create import create_local_table
-from ..delta.jvm import jcontext, jsession, jvm
+from ..delta.create import create_local_table, tables_below
+from ..delta.jvm import jsession, jvm
 from ..delta.log import local_path, local_table_exists
 from ..delta.storefs import table_files
 from ..exceptions import ConfigError, DeltaWheelError
@@ -33,20 +33,7 @@ def list_computations(spark: Any | None, layout: StoreLayout) -> list[str]:
     Raises:
         ConfigError: a remote store and ``spark`` is ``None``.
     """
-    if layout.is_local:
-        root = local_path(layout.computations_root) or layout.computations_root
-        if not os.path.isdir(root):
-            return []
-        return sorted(n for n in os.listdir(root) if os.path.isdir(os.path.join(root, n, "rows", "_delta_log")))
-    if spark is None:
-        raise ConfigError(f"listing the computations of remote store {layout.root} needs a SparkSession")
-    hfs = jvm(spark).org.apache.hadoop.fs
-    hpath = hfs.Path(layout.computations_root)
-    fs = hpath.getFileSystem(jcontext(spark).hadoopConfiguration())
-    if not fs.exists(hpath):
-        return []
-    return sorted(str(s.getPath().getName()) for s in fs.listStatus(hpath)
-                  if s.isDirectory() and fs.exists(hfs.Path(s.getPath(), "rows/_delta_log")))
+    return tables_below(spark, layout.computations_root, inner="rows", what="computations")
 
 
 def rows_tables(spark: Any | None, layout: StoreLayout) -> dict[str, str]:

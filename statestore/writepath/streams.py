@@ -4,12 +4,10 @@ name is also an SQL view name (:func:`check_stream_name`)."""
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from ..comments import STREAM as STREAM_COMMENTS
-from ..delta.create import create_local_table, spark_type_json
-from ..delta.jvm import jcontext, jvm
+from ..delta.create import create_local_table, spark_type_json, tables_below
 from ..delta.log import local_path, local_table_exists
 from ..delta.maintenance import COMMIT_CHECKPOINT_INTERVAL
 from ..delta.storefs import table_files
@@ -115,17 +113,4 @@ def list_streams(spark: Any | None, layout: StoreLayout) -> list[str]:
     Raises:
         ConfigError: a remote store and ``spark`` is ``None``.
     """
-    if layout.is_local:
-        root = local_path(layout.streams_root) or layout.streams_root
-        if not os.path.isdir(root):
-            return []
-        return sorted(n for n in os.listdir(root) if os.path.isdir(os.path.join(root, n, "_delta_log")))
-    if spark is None:
-        raise ConfigError(f"listing the streams of remote store {layout.root} needs a SparkSession")
-    hfs = jvm(spark).org.apache.hadoop.fs
-    hpath = hfs.Path(layout.streams_root)
-    fs = hpath.getFileSystem(jcontext(spark).hadoopConfiguration())
-    if not fs.exists(hpath):
-        return []
-    return sorted(str(s.getPath().getName()) for s in fs.listStatus(hpath)
-                  if s.isDirectory() and fs.exists(hfs.Path(s.getPath(), "_delta_log")))
+    return tables_below(spark, layout.streams_root, what="streams")

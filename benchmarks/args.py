@@ -1,5 +1,4 @@
-"""The ``deltawheel bench`` command-line arguments (argparse only: the CLI registers them without
-importing the benchmark modules)."""
+"""The ``deltawheel bench`` arguments: argparse only, so the CLI need not import the benchmarks."""
 
 from __future__ import annotations
 

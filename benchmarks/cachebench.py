@@ -1,9 +1,8 @@
 """Cache benchmark: the window-aware row cache against LRU on the same access trace.
 
-The trace is what the throughput benchmark's window count asks of its rows, batch by batch, replayed
-at several capacities and through Belady's offline optimum; a miss is a storage read. With
-``--trace DIR``, the image cache's real lookups recorded by a run with
-``DELTAWHEEL_IMAGE_CACHE_TRACE=DIR`` instead, bounded to shares of the trace's peak bytes of live images."""
+The trace is the throughput benchmark's row accesses, batch by batch, replayed at several capacities
+and through Belady's optimum; a miss is a storage read. ``--trace DIR``: instead the image cache's
+lookups recorded with ``DELTAWHEEL_IMAGE_CACHE_TRACE=DIR``, at shares of its peak live bytes."""
 
 from __future__ import annotations
 
@@ -111,8 +110,7 @@ def replay(trace: Trace, policy: str, capacity: int) -> dict[str, Any]:
             cache.put(key, None, next_event_ms=nxt, next_processing_ms=None)
         cache.end_batch()
     cpu = time.process_time() - t0
-    st = cache.stats
-    return _figures(trace, policy, capacity, st.hits, st.misses, st.evictions, cpu)
+    return _figures(trace, policy, capacity, cache.stats.hits, cache.stats.misses, cache.stats.evictions, cpu)
 
 
 def replay_opt(trace: Trace, capacity: int) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """``deltawheel bench commits``: the commit ceiling of one store's rows tables, N writers at once.
 
-Shape ``computations``: a computation per writer, so a rows table per writer; ``instances``: the
-writers share one computation's rows table. N writers (threads sharing a session, Delta's in-JVM commit lock off so they race as processes do)
-commit as fast as they can; the Delta log read back must hold exactly what they counted (docs/scale.md)."""
+Shape ``computations``: a rows table per writer; ``instances``: one shared rows table. The writers are
+threads of one session with Delta's in-JVM commit lock off, so they race as processes do; the Delta
+log read back must hold exactly what they counted (docs/scale.md)."""
 
 from __future__ import annotations
 

@@ -38,8 +38,7 @@ OUTPUT_DDL = "key string, window_start timestamp, count long"
 
 @dataclass(frozen=True, kw_only=True)
 class EngineResult:
-    """One engine's run. ``wall_s`` as WORKLOAD.md section 4: first file to last no-data step,
-    output written; session start excluded."""
+    """One engine's run; ``wall_s`` as WORKLOAD.md section 4 (session start excluded)."""
 
     name: str
     records_per_s: float
@@ -80,9 +79,8 @@ def build_result(name: str, data: WorkloadData, *, output: pa.Table, wall_s: flo
                  late_dropped: int | None = None, open_events_at_end: int | None = None,
                  batches: int | None = None, batch_s: Sequence[float] = (),
                  notes: Sequence[str] = ()) -> EngineResult:
-    """Judge an engine's emitted rows against the reference and package the figures.
-
-    If only one of ``late_dropped`` / ``open_events_at_end`` is known, the other is derived."""
+    """Judge an engine's emitted rows against the reference and package the figures; a missing one of
+    ``late_dropped`` / ``open_events_at_end`` is derived from the other."""
     chk = check_output(output, data.reference)
     notes = list(notes)
     if not chk.correct:

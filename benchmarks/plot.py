@@ -136,8 +136,7 @@ def plot_commits(result: Mapping[str, Any], path: Path) -> None:
     series: dict[str, list[dict[str, Any]]] = {}
     for p in result["points"]:
         lat = "" if p["target"] == "local" else f" +{p['latency_ms']} ms"
-        label = f"{p['target']}{lat} {p['shape']}"
-        series.setdefault(label, []).append(p)
+        series.setdefault(f"{p['target']}{lat} {p['shape']}", []).append(p)
     with figure(path, dpi=90, nrows=1, ncols=2, figsize=(12, 4.5)) as (fig, (ax1, ax2)):
         for label, pts in sorted(series.items()):
             pts = sorted(pts, key=lambda p: p["writers"])

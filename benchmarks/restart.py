@@ -1,8 +1,6 @@
 """``deltawheel bench restart``: seconds from restarting a SIGKILLed continuous job to its first
-committed micro-batch, with an instance name (the restart takes its dead predecessor's leases at
-once) and without (it waits for the dead ZooKeeper session to expire), side by side.
-
-Writes the seconds to each step of the start to ``restart.json`` (docs/continuous.md)."""
+committed micro-batch, with an instance name (its predecessor's leases taken at once) and without
+(waiting for the dead session to expire); each start step's seconds into ``restart.json``."""
 
 from __future__ import annotations
 

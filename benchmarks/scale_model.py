@@ -1,7 +1,6 @@
 """On paper: what a deployment asks of Delta, S3 and ZooKeeper (docs/scale.md, "On paper").
 
-A model: per-batch costs counted from the code, the commit ceiling measured by ``deltawheel bench
-commits``, the rest published limits."""
+Per-batch costs counted from the code, the commit ceiling from ``bench commits``, published limits."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Throughput benchmark: run several engines on the same workload, each run in its own process.
 
-Each (engine, round) run is a child process (:mod:`.isolated`) with its own SparkSession, sampled
-during the measured run only. Writes ``throughput.json`` and ``throughput.png`` into ``--out``."""
+A run is sampled during its measured part only; ``throughput.json`` and ``throughput.png`` go to ``--out``."""
 
 from __future__ import annotations
 
@@ -184,9 +183,8 @@ def run_throughput(size: str, *, out_dir: Path, engines: Sequence[str] | None = 
     """Run ``engines`` (default: all) one after another on the workload ``size`` (a custom name takes
     ``params``); write and return ``throughput.json`` and ``throughput.png`` in ``out_dir``.
 
-    ``isolate``: a process per (engine, round), by default unless ``spark`` (a session to share) is
-    given; ``rounds``: runs per engine in balanced orders, each reporting its median run;
-    ``store_uri``: every engine's state and output there (engines with ``takes_store``).
+    ``isolate``: a process per (engine, round), default unless ``spark`` is given; ``rounds``: runs per
+    engine in balanced orders; ``store_uri``: state and output of engines with ``takes_store``.
 
     Raises:
         WorkloadError: unknown engine, bad input, ``isolate`` with ``spark``, or an isolated run failed.

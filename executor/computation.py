@@ -236,9 +236,8 @@ class Computation:
 def key_or_reason(extractor: KeyExtractor, value: Any) -> tuple[str | None, str | None]:
     """(the key of a record whose decoded value is ``value``, None) or (None, why it has none).
 
-    As ``tasks/input.py`` keys a Spark batch: a field name gives the field's value as text; a
-    callable must return a non-empty string; an empty key, a NUL-led key or one over
-    ``MAX_KEY_BYTES`` bytes has none.
+    As ``tasks/input.py`` keys a Spark batch: a field's value as text, or a callable's string; an
+    empty key, a NUL-led key or one over ``MAX_KEY_BYTES`` bytes is none.
 
     >>> key_or_reason("q", {"q": "shoes"}), key_or_reason("n", {"n": 5}), key_or_reason("q", {})
     (('shoes', None), ('5', None), (None, "no field 'q' in the value"))

@@ -61,7 +61,6 @@ class UserCodeError(FatalError):
             key = str(ast.literal_eval(m["key"]))
         except (ValueError, SyntaxError):
             key = m["key"]
-        # the task's cause as text: its type and message ("ValueError: no")
         return _user_code_error(m["computation"], key, m["what"], RuntimeError(m["cause"]),
                                 m[0][len("UserCodeError: "):])
 
@@ -98,8 +97,7 @@ class InputFileError(ConfigError):
 
 
 class KafkaDataLossError(ConfigError):
-    """Records of a Kafka batch's offset range are no longer in the topic (retention or a recreated topic),
-    with the injector's ``failOnDataLoss`` on (Spark's default)."""
+    """Records of a Kafka batch are no longer in the topic, with the injector's ``failOnDataLoss`` on."""
 
     @staticmethod
     def from_task(text: str) -> str | None:

@@ -1,5 +1,4 @@
-"""Test a computation without Spark: feed records, move time, look at state, timers and output
-(:class:`ComputationTester`, on the executor's per-key runner ``keyrun.run_key``)."""
+"""Test a computation without Spark: feed records, move time, look at state, timers and output."""
 
 from __future__ import annotations
 

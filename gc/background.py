@@ -1,6 +1,4 @@
-"""Garbage collection from a running pipeline, in a background thread of the driver: only the passes
-safe under a running job; a failed run is logged and the pipeline goes on. Which passes, and why:
-docs/operations.md, "Garbage collection", "From the running pipeline"."""
+"""Garbage collection in a background thread of a running pipeline: only the passes safe beside it."""
 
 from __future__ import annotations
 
@@ -152,11 +150,7 @@ class BackgroundGc:
 
     @classmethod
     def every(cls, spark: Any, layout: StoreLayout, every: str | int, **options: Any) -> BackgroundGc:
-        """The background gc of ``--gc-every`` (:func:`parse_every`); ``options``: the constructor's.
-
-        Raises:
-            ConfigError: as :func:`parse_every` and the constructor.
-        """
+        """The background gc of ``--gc-every`` (:func:`parse_every`); ``options``: the constructor's."""
         batches, seconds = parse_every(every)
         return cls(spark, layout, every_batches=batches, every_s=seconds, **options)
 
@@ -188,9 +182,7 @@ class BackgroundGc:
 
 def audit_gaps(spark: Any, layout: StoreLayout, *, before_ms: int | None = None
                ) -> tuple[list[dict[str, Any]], dict[str | None, int]]:
-    """Audit rows missing for tools' commits (before ``before_ms``; None: all) in every rows table (the
-    first one, None, and each computation's), oldest first, and per table the version complete once
-    they are appended (for :func:`.ranlog.save_checked`)."""
+    """Audit rows missing for tools' commits before ``before_ms``, and per table the version complete."""
     from deltawheel.statestore.rowtable.tables import list_computations
     from deltawheel.statestore.surgery.audit import audit_gap_of
 

@@ -1,6 +1,5 @@
-"""Pruning the rescaling input-file sets (``deltawheel gc``'s ``input_sets`` pass): a name leaves every
-interval's set, in one fenced commit under all the leases, once every interval ran the file and it is
-gone from its source. The rule and why it is exact: docs/rescaling.md, "Bounded sets"."""
+"""gc's ``input_sets`` pass: a name leaves every interval's input-file set, in one fenced commit under all
+the leases, once every interval ran the file and it is gone from its source (docs/rescaling.md)."""
 
 from __future__ import annotations
 
@@ -106,9 +105,7 @@ def prune_input_sets(spark: Any, layout: StoreLayout, client: Any, *, pipelines:
                      wait_s: float = 60.0, progress: Callable[[str], None] | None = None,
                      ran: Mapping[str | None, RanLog] | None = None) -> list[GcAction]:
     """Plan (default) or run the pass over ``pipelines``' computations that keep input-file sets; one not
-    handed over within ``wait_s`` is left. ``ran``: per rows table (a computation; None: the store's first
-    table, whose log holds the commits before migration 8), :func:`~.ranlog.read_ran`'s evidence read
-    earlier, else the evidence the last gc kept."""
+    handed over within ``wait_s`` is left. ``ran``: per rows table, evidence read earlier (else gc's kept)."""
     store = RowStore(spark, layout, writer="gc")
     actions: list[GcAction] = []
     got: dict[str | None, RanLog] = {}  # per table, its log's evidence, read once when a computation keeps sets

@@ -1,8 +1,5 @@
-"""Delta log maintenance for ``deltawheel gc``: a checkpoint at the newest version, and log cleanup.
-
-With ``--log-retention-hours``, gc deletes the log files before the newest checkpoint whose commit
-(its file's modification time) is older, as Delta's cleanup does. Only local and ``s3a://`` tables
-are cleaned. Deleting below a checkpoint never races a writer: writers only add versions after it."""
+"""gc's Delta log maintenance: a checkpoint at the newest version, and (local, ``s3a://``) deleting the files
+before the newest checkpoint older than the retention, which never races a writer: writers add after it."""
 
 from __future__ import annotations
 

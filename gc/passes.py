@@ -1,10 +1,8 @@
-"""Garbage collection of a store's Delta tables (``deltawheel gc``).
+"""Garbage collection of a store's Delta tables (``deltawheel gc``; docs/operations.md).
 
-Each pass reports what it would remove (dry run, the default) or removed; docs/operations.md,
-"Garbage collection". Invariants: a stream record whose production is still checkpointed is kept
-(never delivered twice); rewritten rows keep their commit id (recovery decides "delivered" by it);
-a too-short VACUUM or replay-horizon retention is refused before anything changes; keys' rows are
-never touched (only written under the owner's lease and fence)."""
+Invariants: a stream record whose production is still checkpointed is kept; rewritten rows keep their
+commit id (recovery decides "delivered" by it); a too-short VACUUM or replay-horizon retention is refused
+before anything changes; keys' rows are never touched (only written under the owner's lease and fence)."""
 
 from __future__ import annotations
 
@@ -52,20 +50,15 @@ class GcReport:
 
 
 def _tables(spark: Any, layout: StoreLayout) -> list[tuple[str, str]]:
-    """(name, path) of every table gc collects: the first rows table (empty since migration 8: vacuumed and
-    its log cleaned like the others), each computation's rows table, then the side tables."""
-    out = [("rows", layout.rows)] + [(_rows_name(c), p) for c, p in rows_tables(spark, layout).items()]
+    """(name, path) of every table gc collects: the rows tables (the first one too), then the side tables."""
+    out = [("rows", layout.rows)]
+    out += [(f"computations/{c}/rows", p) for c, p in rows_tables(spark, layout).items()]
     out += [("dead_letters", layout.dead_letters), ("late_data", layout.late_data)]
     out += [(s, layout.stream(s)) for s in list_streams(spark, layout)]
     if not layout.is_local or os.path.isdir(os.path.join(layout.metrics_batches, "_delta_log")):
         if _is_delta(spark, layout.metrics_batches):
             out.append(("_metrics/batches", layout.metrics_batches))
     return [(n, p) for n, p in out if not layout.is_local or os.path.isdir(os.path.join(p, "_delta_log"))]
-
-
-def _rows_name(computation: str) -> str:
-    """A computation's rows table in gc's lines: its path below the store."""
-    return f"computations/{computation}/rows"
 
 
 def _is_delta(spark: Any, path: str) -> bool:
@@ -285,8 +278,7 @@ def check_replay_horizon(*, vacuum_retain_hours: float, stream_retention_ms: int
 
 
 def _horizon_action(spark: Any, name: str, rows: str | None, *, now_ms: int, keep_ms: int) -> GcAction:
-    """The replay horizon the retentions leave in one computation's rows table ``rows``: its oldest version
-    committed within it (``rows`` None: no computation has a table yet)."""
+    """The replay horizon left in the rows table ``rows`` (None: none yet): its oldest version within it."""
     import datetime
 
     cutoff = now_ms - keep_ms

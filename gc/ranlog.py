@@ -1,8 +1,6 @@
-"""What gc keeps of its reads of each rows table's log, in ``<store>/_gc/`` (local stores only), per
-table: ``ran_in_log.json`` (what each interval ran) and ``audit_checked.json`` (the version up to which
-every tool commit has its audit row), the first table's in ``_gc/``, computation ``c``'s in
-``_gc/computations/c/``; each used only while its last commit is in that table's log with the same
-bytes, so the next gc opens only the commits after it (docs/rescaling.md, "Bounded sets")."""
+"""What gc keeps of its reads of each rows table's log in ``<store>/_gc/`` (local stores only):
+``ran_in_log.json`` (what each interval ran) and ``audit_checked.json``; each used only while its last
+commit is in the log with the same bytes, so the next gc opens only the commits after it."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ Ran = Mapping[str, Mapping[int, frozenset[str]]]  # computation -> interval -> i
 
 @dataclass(frozen=True)
 class RanLog:
-    """The evidence (``ran``: computation -> interval -> files it ran) of the JSON commits up to
-    ``upto`` (-1: none); ``fingerprint``: that commit's SHA-256; ``read``: commits opened."""
+    """What the JSON commits up to ``upto`` (-1: none; ``fingerprint``: its SHA-256) say was ``ran``."""
 
     ran: Ran
     upto: int = -1
@@ -63,8 +60,7 @@ def ran_in_log(rows: str) -> dict[str, dict[int, frozenset[str]]]:
 
 
 def read_ran(layout: StoreLayout, *, computation: str | None = None, since: RanLog | None = None) -> RanLog:
-    """The evidence of the log of :func:`table_of` ``computation``: ``since`` (read of that table) or the
-    saved one where still valid, plus the commits after its ``upto``; with neither, every commit."""
+    """``since`` (else the saved evidence, where still valid) plus the commits after its ``upto``."""
     start = since if since is not None else _load(layout, computation)
     return _read(table_of(layout, computation), after=start.upto, ran=start.ran, fingerprint=start.fingerprint,
                  read=start.read if since is None else 0)
@@ -72,8 +68,7 @@ def read_ran(layout: StoreLayout, *, computation: str | None = None, since: RanL
 
 def save_ran(layout: StoreLayout, got: RanLog, *, computation: str | None = None,
              forget: Mapping[str, Iterable[str]] | None = None) -> bool:
-    """Keep ``got`` (read of :func:`table_of` ``computation``) for the next gc, without ``forget``'s names;
-    False: not kept (e.g. a remote store)."""
+    """Keep ``got`` for the next gc, without ``forget``'s names; False: not kept (e.g. a remote store)."""
     path = saved_path(layout, computation)
     if path is None or got.upto < 0 or got.fingerprint is None:
         return False
@@ -85,15 +80,13 @@ def save_ran(layout: StoreLayout, got: RanLog, *, computation: str | None = None
 
 
 def checked_upto(layout: StoreLayout, computation: str | None = None) -> int | None:
-    """The kept version of :func:`table_of` ``computation`` up to which every tool commit has its audit
-    row; None: read every commit."""
+    """The kept version up to which every tool commit has its audit row; None: read every commit."""
     doc = _kept_doc(mark_path(layout, computation), AUDIT_MARK_FORMAT_VERSION)
     return None if doc is None or not _unchanged(layout, doc, computation) else int(doc["upto"])
 
 
 def save_checked(layout: StoreLayout, upto: int, computation: str | None = None) -> bool:
-    """Keep ``upto`` (a version of :func:`table_of` ``computation``) for the next gc. False: not kept (a
-    remote store, no such commit, not written)."""
+    """Keep ``upto`` (a version of :func:`table_of` ``computation``) for the next gc; False: not kept."""
     path, log = mark_path(layout, computation), log_files(table_of(layout, computation))
     if path is None or log is None or upto < 0:
         return False

@@ -1,8 +1,6 @@
-"""Stream retention that never undoes exactly-once delivery (``gc --stream-retention-hours``,
-docs/operations.md): a record whose production a rows commit still holds checkpointed is kept (a
-restart would redeliver it). The computations' rows tables are listed and read after the stream's
-version ``S`` (each at its own newest version): a record in ``S`` was delivered after its commit (to a
-table that existed by then), which either still holds it or was cleared by a later one."""
+"""Stream retention that never undoes exactly-once delivery: a record whose production a rows commit still
+holds checkpointed is kept. The rows tables are read after the stream's version ``S``: a record in ``S``
+was delivered after its commit, which either still holds it or was cleared by a later one."""
 
 from __future__ import annotations
 

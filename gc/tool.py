@@ -1,5 +1,4 @@
-"""A whole ``deltawheel gc`` run: the Delta passes (:mod:`.passes`), the missing audit rows of tool
-commits (:func:`.background.audit_recovery`), the ZooKeeper passes (:mod:`.zknodes`, :mod:`.inputsets`)."""
+"""A whole ``deltawheel gc`` run: the Delta passes, the missing audit rows, the ZooKeeper passes."""
 
 from __future__ import annotations
 
@@ -20,11 +19,8 @@ def gc_store(spark: Any, layout: StoreLayout, *, apply: bool,
              lease_wait_s: float = 60.0, **passes: Any) -> GcReport:
     """Plan (default) or run every gc pass over ``layout``; ``passes``: :func:`.passes.run_gc`'s settings.
 
-    ``zookeeper``: None leaves ZooKeeper alone; else it opens (client in the chroot, client at ``/``, or
-    None for the chroot ``/``, chroot) for the znode and input-set passes, which wait ``lease_wait_s``.
-
-    Raises:
-        What :func:`.passes.run_gc` raises, before anything changed.
+    ``zookeeper``: None leaves ZooKeeper alone; else it opens (client in the chroot, client at ``/`` or
+    None, chroot) for the znode and input-set passes. Raises what :func:`.passes.run_gc` raises.
     """
     from deltawheel.statestore.delta.txn import TableLog
     from deltawheel.statestore.rowtable.tables import list_computations

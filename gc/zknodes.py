@@ -1,6 +1,5 @@
-"""Garbage collection of the ZooKeeper nodes of the pipelines bound to a store (``deltawheel gc``'s
-``zk_instances`` and ``zk_replays`` passes; what each deletes and when: docs/operations.md). A delete
-names the version read, so an estimate published meanwhile is kept."""
+"""gc's ``zk_instances`` and ``zk_replays`` passes over the ZooKeeper nodes of a store's pipelines; a
+delete names the version read, so an estimate published meanwhile is kept."""
 
 from __future__ import annotations
 
@@ -132,9 +131,7 @@ def bound_pipelines(client: KazooClient, *, rows_table_id: str) -> list[str]:
 def collect_zk_nodes(client: KazooClient, root: KazooClient | None, *, rows_table_id: str,
                      chroot: str, apply: bool = False,
                      store_exists: Callable[[str], bool] = _local_store_exists) -> list[GcAction]:
-    """Plan (default) or delete the ZooKeeper nodes that outlived what they were for.
-
-    ``root``: a client not chrooted, reaching the replays' chroots (None: skip them)."""
+    """Plan (default) or delete the ZooKeeper nodes that outlived what they were for (``root``: replays')."""
     actions: list[GcAction] = []
     verb = "deleted" if apply else "would delete"
     for pipeline in bound_pipelines(client, rows_table_id=rows_table_id):

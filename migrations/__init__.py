@@ -1,8 +1,6 @@
-"""Numbered, idempotent schema migrations of a store's Delta tables.
-
-Each migration is a module ``mNNNN_<name>.py`` with ``VERSION``, ``NAME``, ``describe(layout)`` and
-``apply(spark, layout)``, safe to re-run after a half-done run, and recorded in ``_meta`` once it
-succeeds; the highest recorded is the store's schema version."""
+"""Numbered, idempotent schema migrations of a store's Delta tables: each a module ``mNNNN_<name>.py``
+with ``VERSION``, ``NAME``, ``describe(layout)`` and ``apply(spark, layout)``, safe to re-run, recorded
+in ``_meta`` once it succeeds; the highest recorded is the store's schema version."""
 
 from __future__ import annotations
 
@@ -123,8 +121,8 @@ def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True,
           on_step: Callable[[PlannedMigration, int], None] | None = None) -> list[PlannedMigration]:
     """Run the pending migrations in order and return them; ``dry_run`` (the default) only returns them.
 
-    Each is recorded right after it succeeds, so a run that dies half way resumes at the first
-    unrecorded one. ``on_step(step, total)`` is called before each migration runs.
+    Each is recorded right after it succeeds (a run that dies resumes at the first unrecorded one);
+    ``on_step(step, total)`` is called before each runs.
 
     Raises:
         SchemaTooNewError: the store was migrated by a newer deltawheel.
@@ -155,11 +153,8 @@ def apply_when_pending(spark: Any, layout: StoreLayout, lock: Callable[[], Conte
                        planned: list[PlannedMigration] | None = None) -> list[PlannedMigration]:
     """:func:`apply` under ``lock()``, taken only when :func:`plan` finds something; returns what ran.
 
-    The plan is made again under the lock; ``check(pending)`` may raise there to refuse
-    (:func:`.live.refuse_while_running`). ``planned``: a fresh plan to use instead of planning here.
-
-    Raises:
-        As :func:`apply`, and what ``check`` raises (nothing changed).
+    The plan is made again under the lock, where ``check(pending)`` may raise to refuse (nothing
+    changed); ``planned``: a fresh plan to use instead of planning here. Raises as :func:`apply`.
     """
     if not (plan(spark, layout) if planned is None else planned):
         return []

@@ -1,7 +1,5 @@
-"""Migrations on a live store: refused while a pipeline of the store runs.
-
-A migration's metadata commits fail a running job's commits, and the job's code was written for the
-schema it started on: migrating is refused while a pipeline of the store has an interval owner."""
+"""Migrations on a live store: refused while a pipeline of the store has an interval owner (a migration's
+metadata commits fail a running job's commits, whose code was written for the schema it started on)."""
 
 from __future__ import annotations
 
@@ -24,11 +22,7 @@ def running_pipelines(client: Any, *, rows_table_id: str) -> dict[str, list[str]
 
 
 def refuse_while_running(client: Any, layout: StoreLayout, *, rows_table_id: str, pending: Sequence[Any]) -> None:
-    """Refuse ``pending`` migrations while a pipeline of the store runs; changes nothing.
-
-    Raises:
-        StoreInUseError: names the running pipelines and their lease owners, and what to do.
-    """
+    """Refuse ``pending`` migrations (StoreInUseError) while a pipeline of the store runs; changes nothing."""
     if not pending:
         return
     if not (running := running_pipelines(client, rows_table_id=rows_table_id)):
@@ -44,12 +38,8 @@ def refuse_while_running(client: Any, layout: StoreLayout, *, rows_table_id: str
 
 
 def refuse_while_running_on(spark: Any, layout: StoreLayout, zookeeper: Callable[[], AbstractContextManager[Any]]) -> None:
-    """:func:`refuse_while_running` for ``layout``'s pending migrations; ``zookeeper()`` opens a kazoo
-    client, only when a migration is pending on an existing rows table.
-
-    Raises:
-        StoreInUseError: a pipeline of the store runs.
-    """
+    """:func:`refuse_while_running` for ``layout``'s pending migrations (StoreInUseError); ``zookeeper()``
+    opens a kazoo client, only when a migration is pending on an existing rows table."""
     import deltawheel.migrations as migrations
 
     pending = migrations.plan(spark, layout)

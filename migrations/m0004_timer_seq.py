@@ -1,8 +1,6 @@
-"""Migration 4: the rows table's ``timer_seq`` column (row format version 2).
-
-A key's timer firings are numbered by a counter in its row, from which its productions take their
-record ids, so a timer firing again produces under new ids and a replay under the same ones.
-Older rows read it as null, counting from 0."""
+"""Migration 4: the rows table's ``timer_seq`` column (row format version 2), numbering a key's timer
+firings, from which their productions take record ids: a timer firing again produces under new ids, a
+replay under the same ones. Older rows read null (0)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Migration 5: column comments on the store's tables (what every column means).
-
-One ``ALTER TABLE ... ALTER COLUMN ... COMMENT`` commit per existing table that lacks them (the
-texts: ``statestore/comments.py``); stream tables created later get theirs on creation."""
+"""Migration 5: column comments on the store's tables: one ``ALTER TABLE ... ALTER COLUMN ... COMMENT``
+commit per existing table that lacks them; stream tables created later get theirs on creation."""
 
 from __future__ import annotations
 

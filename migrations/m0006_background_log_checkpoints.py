@@ -1,7 +1,5 @@
-"""Migration 6: Delta log checkpoints written in the background, not inside the commits.
-
-Sets ``delta.checkpointInterval`` to 2^31 - 1 on the rows, side and existing stream tables; the
-driver's background thread checkpoints instead (``statestore/delta/maintenance.py``)."""
+"""Migration 6: Delta log checkpoints written in the background, not inside the commits: sets
+``delta.checkpointInterval`` to 2^31 - 1 on the rows, side and existing stream tables."""
 
 from __future__ import annotations
 

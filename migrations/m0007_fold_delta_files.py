@@ -1,7 +1,5 @@
-"""Migration 7: the image path's delta files folded into one file per interval.
-
-The image path's tasks read an interval as plain Parquet, so an interval with a deletion vector or
-several state files is rewritten as one file with the same rows; stores Python cannot reach are left alone."""
+"""Migration 7: an interval with a deletion vector or several state files rewritten as one plain Parquet
+file with the same rows (the image path reads it as such); stores Python cannot reach are left alone."""
 
 from __future__ import annotations
 

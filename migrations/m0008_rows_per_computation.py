@@ -1,11 +1,8 @@
 """Migration 8: a rows table per computation (docs/scale.md, "Raising it").
 
-Each computation's table starts as a copy of the store's first rows table's log, with that
-computation's files (linked where the store is local): its versions go on from the first table's,
-so every version a stream's delivery records (``deltawheel.<computation>.<interval>``) stays
-below the versions its new commits make. One commit then removes the other computations' files;
-a last one empties the first table, which keeps the store's identity. A writer of schema 7 meets
-version 8 and refuses the store (``SchemaTooNewError``)."""
+Each computation's table starts as a copy of the first rows table's log with that computation's files
+(linked where local), its versions going on from the first table's (so above every delivered version);
+one commit removes the other computations' files, a last one empties the first table (it keeps the id)."""
 
 from __future__ import annotations
 
@@ -49,8 +46,7 @@ def _split_done(spark: Any, path: str) -> bool:
 
 
 def _copy_tree(spark: Any, src: str, dst: str, rel: str, *, only: set[str] | None = None) -> None:
-    """The files below ``rel`` of table ``src`` at the same places below ``dst`` (``only``: just
-    those relative paths); hard links where both are local."""
+    """Copy the files below ``rel`` of ``src`` to ``dst`` (``only``: just those); hard links where local."""
     a, b = local_path(src), local_path(dst)
     if a is not None and b is not None:
         for folder, _dirs, names in os.walk(os.path.join(a, rel)):

@@ -32,18 +32,12 @@ class Codec(Protocol):
 
     def encode(self, value: Any) -> bytes:
         """``value`` as bytes that :meth:`decode` turns back into an equal value.
-
-        Raises:
-            CodecError: the codec cannot represent ``value``.
-        """
+        Raises CodecError: the codec cannot represent ``value``."""
         ...
 
     def decode(self, data: bytes) -> Any:
         """The value :meth:`encode` made ``data`` from.
-
-        Raises:
-            CodecError: ``data`` is not a value of this codec.
-        """
+        Raises CodecError: ``data`` is not a value of this codec."""
         ...
 
 
@@ -367,12 +361,10 @@ def base_name(name: str) -> str:
 
 def codec_version(name: str | None) -> int:
     """The state version a codec column names (a plain name: 1).
+    Raises CodecError: the version is not a whole number >= 1.
 
     >>> codec_version("json"), codec_version("json@2")
     (1, 2)
-
-    Raises:
-        CodecError: the version is not a whole number >= 1.
     """
     if not name or "@" not in name:
         return 1
@@ -385,10 +377,7 @@ def codec_version(name: str | None) -> int:
 
 def get_codec(name: str, *, allow_pickle: bool = False) -> Codec:
     """The codec called ``name`` (a versioned codec column, ``json@2``, names its codec too).
-
-    Raises:
-        CodecError: unknown name, or ``pickle`` without ``allow_pickle=True``.
-    """
+    Raises CodecError: unknown name, or ``pickle`` without ``allow_pickle=True``."""
     if "@" in name:
         codec_version(name)
         name = base_name(name)
@@ -407,12 +396,10 @@ def get_codec(name: str, *, allow_pickle: bool = False) -> Codec:
 def codec_of_row(row_codec: str | None, codec: Codec) -> Codec:
     """The codec that reads a row's stored state: the one its codec column names (so a changed ``codec``
     reads old rows as written), else ``codec``. Pickle only where ``codec`` is pickle (opted in).
+    Raises CodecError: the row names an unknown codec, or pickle that ``codec`` does not allow.
 
     >>> codec_of_row("json", get_codec("msgpack")).decode(b"1"), get_codec("msgpack").decode(b"1")
     (1, 49)
-
-    Raises:
-        CodecError: the row names an unknown codec, or pickle that ``codec`` does not allow.
     """
     if row_codec is None or base_name(row_codec) == codec.name:
         return codec

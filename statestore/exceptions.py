@@ -58,8 +58,7 @@ def exit_code(exc: BaseException) -> int:
 
 
 class DeltaWheelError(Exception):
-    """Root of every error deltawheel raises on purpose; a subclass may set its ``exit_code`` with
-    ``class X(Base, exit_code=N)`` (else it inherits its base's)."""
+    """Root of every error deltawheel raises on purpose; ``class X(Base, exit_code=N)`` sets an exit code."""
 
     exit_code: ClassVar[int] = 10
 
@@ -170,8 +169,7 @@ class StoreDamagedError(FatalError, exit_code=3):
 
 
 class CoordinatorStateLostError(FatalError, exit_code=4):
-    """ZooKeeper lost a pipeline's state (the store holds sequencers it never granted): two writers could
-    share one fence. Recover with ``deltawheel reseed`` (docs/coordinator-recovery.md)."""
+    """ZooKeeper lost a pipeline's state, so two writers could share a fence: run ``deltawheel reseed``."""
 
 
 class SchemaTooNewError(FatalError, exit_code=3):
@@ -240,8 +238,7 @@ class ObjectStoreError(FatalError, exit_code=5):
 
 
 class ObjectStoreUnreachableError(RetryableError, exit_code=5):
-    """No object store answers at the configured endpoint (down, wrong host or port), or it failed a
-    request with a server error (HTTP 5xx)."""
+    """No object store answers at the configured endpoint, or it failed a request with HTTP 5xx."""
 
 
 class BucketMissingError(ObjectStoreError):

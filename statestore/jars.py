@@ -22,9 +22,8 @@ DELTA_VERSION = "4.4.0"
 #: Where a built wheel carries the compiled log store jars (setup.py's build step); absent in an
 #: editable install, where :func:`compile_jar` compiles them on first use.
 BUNDLED_JARS_DIR = Path(__file__).resolve().parent / "lib"
-# (group, artifact, version) of the runtime dependencies delta-spark_4.2_2.13's POM declares that
-# pyspark does not ship (the kernel and Unity Catalog ones are not loaded for path-based tables).
-# docs/versions.md says why this pair.
+# (group, artifact, version) of delta-spark_4.2_2.13's runtime dependencies that pyspark does not ship
+# (kernel and Unity Catalog ones: unused by path-based tables); docs/versions.md: why this pair.
 DELTA_JARS: tuple[tuple[str, str, str], ...] = (
     ("io.delta", "delta-spark_4.2_2.13", DELTA_VERSION),
     ("io.delta", "delta-storage", DELTA_VERSION),
@@ -68,10 +67,8 @@ def _mvn_copy(coords: str, dest_dir: Path) -> None:
 def fetch_maven_jar(group: str, artifact: str, version: str, dest_dir: Path, *, classifier: str | None = None,
                     sha1: str | None = None, quiet: bool = False, hint: str = "") -> Path:
     """The jar ``group:artifact:version[:classifier]`` in ``dest_dir``, fetched once (``sha1`` checked).
-
-    Raises:
-        JarFetchError: neither Maven Central nor ``mvn`` could provide the jar, or its checksum is wrong.
-    """
+    Raises JarFetchError: neither Maven Central nor ``mvn`` could provide the jar, or its checksum is
+    wrong."""
     name = f"{artifact}-{version}{'-' + classifier if classifier else ''}.jar"
     dest = dest_dir / name
     if dest.exists():
@@ -101,10 +98,7 @@ def fetch_maven_jar(group: str, artifact: str, version: str, dest_dir: Path, *, 
 
 def ensure_delta_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> list[Path]:
     """Return the paths of the Delta jars, downloading any that are missing.
-
-    Raises:
-        JarFetchError: neither Maven Central nor ``mvn`` could provide a jar.
-    """
+    Raises JarFetchError: neither Maven Central nor ``mvn`` could provide a jar."""
     jars_dir = Path(jars_dir) if jars_dir is not None else default_jars_dir()
     missing = [a for _g, a, v in DELTA_JARS if not (jars_dir / f"{a}-{v}.jar").exists()]
     if missing and not quiet:
@@ -119,10 +113,7 @@ def compile_jar(source: Path, jars_dir: Path | None = None, *, quiet: bool = Fal
     """The jar of one of deltawheel's Java classes for Delta and Spark, compiled once from ``source``
     (named by the digest of the source and the jars compiled against; a wheel's bundled jar of that
     name is used as it is). None (with a warning) when no ``javac`` is installed.
-
-    Raises:
-        JarFetchError: ``javac`` failed, or the Delta jars could not be fetched.
-    """
+    Raises JarFetchError: ``javac`` failed, or the Delta jars could not be fetched."""
     import zipfile
 
     jars_dir = Path(jars_dir) if jars_dir is not None else default_jars_dir()

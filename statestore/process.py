@@ -184,11 +184,8 @@ class DetachedProcess:
         return pid
 
     def kill_group(self, pid: int, *, timeout_s: float) -> None:
-        """SIGTERM (skipped when ``timeout_s`` is 0) then SIGKILL to ``pid``'s group, until it is gone.
-
-        Raises:
-            the service's error type: not allowed to signal it, or it survived SIGKILL.
-        """
+        """SIGTERM (skipped when ``timeout_s`` is 0) then SIGKILL to ``pid``'s group, until it is gone;
+        the service's error type if it may not be signalled or survives SIGKILL."""
         steps = ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)) if timeout_s > 0 else ((signal.SIGKILL, 10.0),)
         for sig, wait_s in steps:
             try:

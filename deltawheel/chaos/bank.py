@@ -1,6 +1,5 @@
 """The chaos run's pipeline: a bank in three stages (``bank``, ``ledger``, ``window_sums``) over
-Parquet files of moves (``id``, ``ts`` in ms, ``src``, ``dst``, ``amount``); docs/reliability.md.
-"""
+Parquet files of moves (``id``, ``ts`` in ms, ``src``, ``dst``, ``amount``); docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -86,8 +85,7 @@ def pipeline() -> Pipeline:
 
 
 def moves(index: int, n: int, *, seed: int) -> list[dict[str, Any]]:
-    """File ``index``'s ``n`` moves: event times in its second (a few up to 1.5 s early, within the
-    watermark delay), ids unique."""
+    """File ``index``'s ``n`` moves: event times in its second (a few 1.5 s early), ids unique."""
     rng = random.Random(seed * 1_000_003 + index)
     base = START_MS + index * FILE_SPAN_MS
     out = []
@@ -99,8 +97,7 @@ def moves(index: int, n: int, *, seed: int) -> list[dict[str, Any]]:
 
 
 def closing_moves(index: int, num_intervals: int = 4) -> list[dict[str, Any]]:
-    """Zero moves far after file ``index``, one per stage-1 key interval: they close every earlier
-    window on every instance."""
+    """Zero moves far after file ``index``, one per stage-1 key interval: every earlier window closes."""
     from deltawheel.statestore.rowtable.rows import interval_of
 
     ts = START_MS + index * FILE_SPAN_MS + 10 * (WINDOW_MS + LATENESS_MS)

@@ -1,7 +1,6 @@
-"""The chaos run's checker: reads only the input files (pandas) and the stream tables (``deltalake``),
-never deltawheel's state or ZooKeeper, and the drivers' exits. Each failure is a :class:`Violation`
-naming versions and keys; the checks: docs/reliability.md, "What the checker checks".
-"""
+"""The chaos run's checker: reads only the input files, the stream tables (``deltalake``) and the drivers'
+exits, never deltawheel's state or ZooKeeper; a failure is a :class:`Violation` naming versions and keys
+(the checks: docs/reliability.md)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,7 @@ __all__ = ["Driver", "PythonWorker", "python_workers"]
 
 @dataclass(kw_only=True)
 class Driver:
-    """One ``deltawheel run`` of the chaos pipeline: its command, log (a ``--- start N`` line per
-    start), environment and current process."""
+    """One ``deltawheel run`` of the chaos pipeline: command, log (``--- start N`` per start), env, proc."""
 
     name: str
     cmd: list[str]
@@ -38,8 +37,7 @@ class Driver:
         return ": running " in text[text.rfind("--- start "):]
 
     def last_error(self) -> str:
-        """What made it exit: its ``deltawheel run: ...Error: ...`` line since its last start, else
-        that start's last line."""
+        """What made it exit: its last ``deltawheel run:`` line since its last start, else its last line."""
         text = self.log.read_text(errors="replace")
         lines = text[text.rfind("--- start "):].splitlines()[1:]
         said = [ln for ln in lines if ln.startswith("deltawheel run:")]

@@ -1,6 +1,5 @@
 """The chaos run's fault schedule, drawn from a seed: faults of different targets overlap, a target
-has one at a time (docs/reliability.md, "What runs").
-"""
+has one at a time (docs/reliability.md)."""
 
 from __future__ import annotations
 

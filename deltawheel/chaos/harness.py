@@ -1,6 +1,5 @@
-"""The chaos run: the bank pipeline (:mod:`.bank`) as two ``deltawheel run`` instances on a ZooKeeper
-ensemble and a local store (or S3Proxy), fed a seeded input under the schedule of :mod:`.faults`,
-then checked (:mod:`.checker`); phases and folders: docs/reliability.md, "What runs".
+"""The chaos run: the bank pipeline as two ``deltawheel run`` instances on a ZooKeeper ensemble and a
+local store (or S3Proxy), fed a seeded input under the fault schedule, then checked; docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -239,8 +238,7 @@ class _Harness:
                  f"{heal - start:.1f}s {note}".rstrip())
 
     def driver_fault(self, f: PlannedFault, d: Driver) -> tuple[float, str]:
-        """Kill or stop driver ``d`` (or one of its Python workers), heal it; return the heal's time
-        once it runs again, and a note."""
+        """Kill or stop driver ``d`` (or a Python worker), heal it; (heal time, note) once it runs again."""
         note = ""
         if f.kind == "worker-kill":
             heal, note = self.worker_kill(f, d)

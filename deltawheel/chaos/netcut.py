@@ -1,6 +1,5 @@
 """The ``net-cut`` fault: a driver's proxies to ZooKeeper (and S3Proxy) in the run's Toxiproxy disabled
-and enabled again; a local store is not cut (docs/reliability.md, "What runs").
-"""
+and enabled again; a local store is not cut (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ def _member_session(hosts: str, chroot: str, instance: str) -> int | None:
 
 
 def member_session(hosts: str, chroot: str, instance: str) -> int | None:
-    """The id of the session holding ``instance``'s membership, read on ``hosts`` (not the proxies);
-    None: not a member, or no answer."""
+    """The session id of ``instance``'s membership, read on ``hosts``; None: not a member, or no answer."""
     try:
         return _member_session(hosts, chroot, instance)
     except (ZooKeeperServerError, KazooException):
@@ -62,8 +60,7 @@ def member_session(hosts: str, chroot: str, instance: str) -> int | None:
 
 
 def session_after(hosts: str, chroot: str, instance: str, before: int | None) -> str:
-    """Whether ``instance``'s session ``before`` (:func:`member_session`) ``held`` or ``expired``, or
-    why ``unknown``."""
+    """Whether ``instance``'s session ``before`` ``held`` or ``expired``, or why ``unknown``."""
     if before is None:
         return "unknown (no member znode before the cut)"
     try:

@@ -1,6 +1,5 @@
 """The store of an ``--object-store`` chaos run: ``s3a://chaos/store`` on a local S3Proxy under the
-run's ``s3/`` (the checker reads ``s3/blobs/chaos/store`` as local tables), and ``s3proxy-kill``.
-"""
+run's ``s3/`` (the checker reads ``s3/blobs/chaos/store`` as local tables), and ``s3proxy-kill``."""
 
 from __future__ import annotations
 

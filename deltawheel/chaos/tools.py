@@ -1,7 +1,5 @@
-"""The operator tools a chaos run starts beside its pipeline, one at a time, their exit codes and
-last lines recorded: a refusal is an outcome, the streams say whether a tool damaged anything
-(docs/reliability.md).
-"""
+"""The operator tools a chaos run starts beside its pipeline, one at a time, their exit codes and last
+lines recorded: a refusal is an outcome; the streams show any damage (docs/reliability.md)."""
 
 from __future__ import annotations
 

@@ -47,9 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``deltawheel`` command line ``argv`` (default: the process's); returns the exit status:
-    a :class:`DeltaWheelError`'s exit code (:data:`EXIT_CODES`), 2 for usage errors, 130 for Ctrl-C,
-    141 for a closed output pipe."""
+    """Run the command line ``argv`` (default: the process's); the exit status: a DeltaWheelError's code
+    (:data:`EXIT_CODES`), 2 for usage errors, 130 for Ctrl-C, 141 for a closed output pipe."""
     try:
         rc = _main(argv)
         sys.stdout.flush()  # what is still buffered: a closed pipe shows here, not at the exit
@@ -101,9 +100,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def _typed(exc: Exception, store: object = None) -> DeltaWheelError | None:
-    """The typed error of a full disk (exit 9), of ZooKeeper's session or connection lost (exit 4) or
-    of an ``s3a://`` ``store``'s object store failing (exit 5) under any call, Python's or the JVM's;
-    None: another error (a traceback)."""
+    """The typed error of a full disk (exit 9), a lost ZooKeeper session or connection (exit 4) or a failing
+    ``s3a://`` ``store`` (exit 5) under any call, Python's or the JVM's; None: another error."""
     from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 
     cause = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"

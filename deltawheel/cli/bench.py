@@ -1,5 +1,4 @@
-"""``deltawheel bench``: the benchmarks of ``benchmarks/`` as subcommands, each imported only when it
-runs (docs/benchmarks.md)."""
+"""``deltawheel bench``: the benchmarks as subcommands, each imported when it runs (docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """``deltawheel demo``: the Zeitgeist pipeline on the embedded defaults, deterministic for (--events,
---seed): a re-run after a kill resumes and ends with the same rows. ``--follow`` runs it live
-(``deltawheel/demo/follow.py``; docs/continuous.md, "The demo, live")."""
+--seed): a re-run after a kill ends with the same rows; ``--follow`` runs it live (docs/continuous.md)."""
 
 from __future__ import annotations
 

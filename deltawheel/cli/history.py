@@ -1,5 +1,4 @@
-"""``deltawheel history``: a key's versions in the rows table, newest first, decoded; read-only and
-without Spark or leases (``statestore/inspection/history.py``; docs/history.md)."""
+"""``deltawheel history``: a key's versions, newest first, decoded; no Spark, no leases (docs/history.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""``deltawheel leases show|break``: inspect key-interval leases and break them; ``deltawheel rebalance``:
-who holds a computation's intervals, who should (``statestore/zk/members.py``), and a move request that
-overrides it, applied by the instances between batches."""
+"""``deltawheel leases show|break``: inspect and break key-interval leases; ``deltawheel rebalance``: who
+holds a computation's intervals, who should, and a move request the instances apply between batches."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""``deltawheel repair``: a SQL change of a live computation's decoded rows, and ``deltawheel
-upgrade-state``: every key of an older ``state_version`` upgraded at once; both fenced and audited
-(``statestore/surgery/repair.py``, ``drivers/upgrade.py``; docs/operations.md, "Repair", "State versions")."""
+"""``deltawheel repair``: a SQL change of a live computation's decoded rows; ``deltawheel upgrade-state``:
+every key of an older ``state_version`` upgraded at once; both fenced and audited (docs/operations.md)."""
 
 from __future__ import annotations
 

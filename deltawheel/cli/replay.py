@@ -1,5 +1,4 @@
-"""``deltawheel replay`` (re-run a computation from a past version into a shadow store) and
-``deltawheel diff`` (two stores); docs/replay.md is the workflow."""
+"""``deltawheel replay`` (a computation re-run into a shadow store) and ``diff``; docs/replay.md."""
 
 from __future__ import annotations
 

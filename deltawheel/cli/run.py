@@ -1,6 +1,5 @@
 """``deltawheel run MODULE:PIPELINE``: a user's own pipeline, every stage live (docs/continuous.md), and
-``deltawheel quickstart``: a word count through the store, the same micro-batch twice as a replaying
-source delivers it: the second pass finds every record id applied and changes nothing."""
+``deltawheel quickstart``: a word count given one micro-batch twice, the second pass changing nothing."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``deltawheel status`` (text or JSON in the terminal) and ``deltawheel report`` (an HTML page of
-plots): how a store's pipelines are doing (``executor/drivers/status.py``)."""
+"""``deltawheel status`` (text or JSON) and ``deltawheel report`` (HTML plots): how a store's pipelines do."""
 
 from __future__ import annotations
 

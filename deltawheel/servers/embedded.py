@@ -1,7 +1,5 @@
 """The embedded defaults: with no ``--zk`` a local store runs its own ZooKeeper, recorded in ``<store>/_zk/``
-with a file per user process; the last live user stops it unless ``deltawheel zk start`` started it
-(docs/operations.md).
-"""
+with a file per user process; its last user stops it unless ``zk start`` started it (docs/operations.md)."""
 
 from __future__ import annotations
 

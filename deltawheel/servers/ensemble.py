@@ -1,6 +1,5 @@
 """A local ZooKeeper ensemble of an odd number of servers: member N an :class:`~.zookeeper.EmbeddedZooKeeper`
-in ``<data_dir>/zk<N>``, ``ensemble.json`` the ids and ports. A majority must run to serve.
-"""
+in ``<data_dir>/zk<N>``, ``ensemble.json`` the ids and ports. A majority must run to serve."""
 
 from __future__ import annotations
 

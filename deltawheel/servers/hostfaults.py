@@ -1,6 +1,5 @@
 """Faults between the test bed's hosts (``deltawheel cluster fault``): cut a host off (its veth down, or
-from peers: their addresses mapped to :data:`DEAD_MAC`), heal it, kill it (docs/cluster.md).
-"""
+from peers: their addresses mapped to :data:`DEAD_MAC`), heal it, kill it (docs/cluster.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Separate hosts on one machine: a bridge ``dwh-br``, a network namespace ``dwh-<name>`` per host and
-a private view of the file system (``unshare --mount``) per isolated process; needs root (docs/cluster.md).
-"""
+a private file system view (``unshare --mount``) per isolated process; needs root (docs/cluster.md)."""
 
 from __future__ import annotations
 

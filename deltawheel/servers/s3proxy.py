@@ -1,6 +1,5 @@
 """A local S3-compatible object store for trials and tests: S3Proxy (``org.gaul:s3proxy``) on a
-filesystem backend (a bucket a folder under ``blobs/``, an object a file), a detached ``java -jar``.
-"""
+filesystem backend (a bucket a folder under ``blobs/``, an object a file), a detached ``java -jar``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""A server run from its data folder as a detached process: the base of ZooKeeper, S3Proxy, Kafka
-and Toxiproxy here."""
+"""A server run from its data folder as a detached process: the base of the servers here."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """An embedded ZooKeeper server run from pyspark's jars as a detached ``java`` process with its files in
-one data folder: standalone, or an ensemble member (:mod:`.ensemble`). For development and tests.
-"""
+one data folder: standalone, or an ensemble member. For development and tests."""
 
 from __future__ import annotations
 

@@ -93,9 +93,8 @@ class ContinuousRun:
         return {n: s.ex for n, s in self.stages.items() if s.ex is not None}
 
     def start(self) -> ContinuousRun:
-        """Create the stream tables read, start the executors, queries (upstream first) and ticks.
-        On a failure, what started is stopped and its leases given back before it is raised."""
-        # Python workers forked now, while ZooKeeper, the leases and the queries' start take their time
+        """Create the stream tables read, start the executors, queries (upstream first) and ticks; on a
+        failure, what started is stopped and its leases given back before it is raised."""
         _worker.warm_workers(self.spark, on_error=lambda e: self._log(
             f"warming the Python workers failed (the tasks start them instead): {e!r}"))
         try:
@@ -174,8 +173,7 @@ class ContinuousRun:
         return self.stop()
 
     def drain(self) -> RunSummary:
-        """The input has ended: run every stage to the end of its input; returns and raises as
-        :func:`.drain.drain`."""
+        """The input has ended: run every stage to its end; returns and raises as :func:`.drain.drain`."""
         from .drain import drain
 
         return drain(self)
@@ -203,8 +201,8 @@ class ContinuousRun:
         return RunSummary.of(reports, self.wiring.authority)
 
     def _shutdown(self, *, timeout_s: float) -> list[str]:
-        """End the ticks, stop every query after its batch in flight (waiting at most ``timeout_s``) and
-        every executor; returns the queries still running."""
+        """End the ticks, every query after its batch in flight (at most ``timeout_s``) and every executor;
+        returns the queries still running."""
         if self._ticker is not None:
             self._ticker.join()
         if self._sharing is not None:

@@ -58,11 +58,10 @@ def submit_args(*, object_store: bool = False, archive: str | None = None, deplo
                 driver_python: str | None = None, endpoint: S3Endpoint | None = None,
                 zk: str | None = None, zk_chroot: str = "/deltawheel", job: Path | None = None,
                 bundle: Path | None = None, base_url: str | None = None) -> SubmitArgs:
-    """The ``spark-submit`` options a deltawheel job needs; jars are fetched or built if missing.
-    ``object_store``: tables on ``s3a://``; ``archive``: the packed environment, a path or URL (None:
-    the cluster's Python); ``job``, ``bundle``, ``base_url``: cluster mode on a standalone cluster,
-    files copied into ``bundle`` and served at ``base_url``. Raises ConfigError (a bad deploy mode or
-    cluster set-up) or JarFetchError."""
+    """The ``spark-submit`` options a deltawheel job needs (jars fetched or built if missing).
+    ``archive``: the packed environment, a path or URL (None: the cluster's Python); ``job``, ``bundle``,
+    ``base_url``: cluster mode on a standalone cluster, files copied into ``bundle`` and served at
+    ``base_url``. Raises ConfigError (bad deploy mode or cluster set-up) or JarFetchError."""
     from deltawheel.statestore.jars import ensure_delta_jars
 
     if deploy_mode not in ("client", "cluster"):

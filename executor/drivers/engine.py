@@ -50,19 +50,14 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
             zk_chroot: str = "/deltawheel", zk_digest: str | None = None, wait_s: float = 60.0,
             max_pause_s: float | None = DEFAULT_MAX_PAUSE_S, instance: str | None = None,
             zk_session_timeout_s: float | None = None) -> Engine:
-    """Check ``spark``, reach ZooKeeper, migrate ``store`` (a folder or URI); returns the :class:`Engine`
-    to close. ``zk`` None: a local store's embedded server; ``pipeline``: the name leases and
-    watermarks live under; ``owner``: the name on its leases (default ``host:pid``); ``instance``: this
-    job's name across restarts (a restart takes its predecessor's leases at once); ``wait_s``: how
-    long an executor's start waits for leases held elsewhere; ``max_pause_s``: how long a batch pauses
-    while ZooKeeper does not serve (None: while the session lives).
-
-    Raises:
-        SparkConnectSessionError: ``spark`` is a Spark Connect session.
-        SessionConfigError: the session lacks a setting.
-        ConfigError: ``zk`` is None for a store that is not a local folder.
-        ZooKeeperServerError: the embedded ZooKeeper could not start.
-        MigrationError, SchemaTooNewError, StoreMismatchError: as the store's migrations raise them."""
+    """Check ``spark``, reach ZooKeeper, migrate ``store`` (a folder or URI); returns the :class:`Engine` to
+    close. ``zk`` None: a local store's embedded server; ``pipeline``: the name leases and watermarks live
+    under; ``owner``: the name on its leases (default ``host:pid``); ``instance``: this job's name across
+    restarts (a restart takes its predecessor's leases at once); ``wait_s``: how long an executor's start
+    waits for leases held elsewhere; ``max_pause_s``: how long a batch pauses while ZooKeeper does not
+    serve (None: while the session lives). Raises SparkConnectSessionError, SessionConfigError, ConfigError
+    (``zk`` None for a store not in a local folder), ZooKeeperServerError (the embedded server did not
+    start), MigrationError, SchemaTooNewError or StoreMismatchError (from the store's migrations)."""
     require_classic_session(spark)
     layout = StoreLayout(os.path.abspath(store) if "://" not in store else store)
     if zk is None and not layout.is_local:
@@ -73,7 +68,6 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
         ZkConfig(chroot=zk_chroot, digest=zk_digest)
     if zk_session_timeout_s is not None:
         cfg = dataclasses.replace(cfg, session_timeout_s=zk_session_timeout_s)
-    # zk None: the store's own embedded server (started, or joined when another process runs it)
     server = ensure_zookeeper(cfg, layout, own=True) if zk is None else None
     if server is not None:
         cfg = server.config
@@ -123,9 +117,9 @@ class Engine:
 
     def executor(self, computation: Computation, *, upstream: Upstream | Sequence[Upstream] = (),
                  checkpoint: str | None = None, wait_s: float | None = None, **options: Any) -> ComputationExecutor:
-        """A started executor of ``computation`` for ``writeStream.foreachBatch``. ``upstream``:
-        injectors and/or names such as ``"injector:NAME"``. Raises ConfigError (event-time timers
-        without a watermark source, bad options) or LeaseHeldError after ``wait_s``."""
+        """A started executor of ``computation`` for ``writeStream.foreachBatch``; ``upstream``: injectors
+        and/or ``"injector:NAME"``. ConfigError (event-time timers without a watermark source, bad
+        options), LeaseHeldError after ``wait_s``."""
         self._check_open()
         items = _listed(upstream)
         feeding = [u for u in items if not isinstance(u, str)]
@@ -143,9 +137,8 @@ class Engine:
     def start(self, source: Any, computation: Computation, *, checkpoint: str | None = None,
               available_now: bool = False, upstream: Upstream | Sequence[Upstream] = (),
               trigger: str | float | Trigger | None = None, **options: Any) -> Any:
-        """Start a streaming query of ``source`` (an injector or a stream-table DataFrame).
-        ``available_now``: read what is there and stop; raises ConfigError for a bad ``trigger`` or one
-        with ``available_now``."""
+        """Start a streaming query of ``source`` (an injector or a stream-table DataFrame); ``available_now``:
+        read what is there and stop. ConfigError for a bad ``trigger`` or one with ``available_now``."""
         when = Trigger.parse(trigger)
         if available_now and when.interval_ms is not None:
             raise ConfigError(f"start: trigger={trigger!r} and available_now=True: an availableNow query reads what "
@@ -175,8 +168,7 @@ class Engine:
 
     def run(self, source: Any, computation: Computation, *, checkpoint: str | None = None,
             upstream: Upstream | Sequence[Upstream] = (), **options: Any) -> list[BatchReport]:
-        """Run ``computation`` over everything ``source`` holds now, to its end; returns the batch reports.
-        Raises the batch's own typed DeltaWheelError (not Spark's wrapper of it)."""
+        """Run ``computation`` over all ``source`` holds now; the reports, or a batch's own typed error."""
         self.start(source, computation, checkpoint=checkpoint, available_now=True, upstream=upstream, **options)
         query, ex, failed = self._queries[-1]
         try:

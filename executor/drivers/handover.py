@@ -53,9 +53,8 @@ def hand_over(ex: ComputationExecutor | None, client: Any, pipeline: str, comput
               wait: Callable[[float], object], stopping: threading.Event, wait_s: float,
               log: Callable[[str], None], retake: Callable[[], ComputationExecutor | None] | None = None
               ) -> ComputationExecutor | None:
-    """Between batches: give the leases a tool asked for back, ``wait`` (at most its argument, in
-    seconds) until its request goes, retake them; returns the executor to go on with. ``retake``: how
-    to take them again (another instance may have taken some); None: ``ex`` retakes all within ``wait_s``."""
+    """Between batches: give the leases a tool asked for back, ``wait(seconds)`` until its request goes,
+    retake them (``retake``; None: ``ex`` retakes all within ``wait_s``); returns the executor to go on."""
     if ex is None:
         return None  # an instance holding none of this computation's intervals: nothing to hand over
     asked = read_handover(client, pipeline, computation)

@@ -87,10 +87,9 @@ def event_bounds(comp: Computation, injectors: Mapping[str, Any]) -> dict[str, i
 
 def direct_source(comp: Computation, injectors: Mapping[str, Any], *, layout: StoreLayout,
                   checkpoint: str | None, kafka_checkpoint: str | None = None) -> DirectSource | None:
-    """For one input read by the record's key: the files the image tasks may read themselves, its
-    injector's ``direct_source()`` (as of its last ``stream_df``), or with ``checkpoint`` (the
-    query's) an upstream computation's stream table; None: the JVM reads the input. A Kafka
-    injector's ranges come from the offset log of ``kafka_checkpoint`` (else ``checkpoint``): a local one."""
+    """For one input read by the record's key, what the image tasks may read themselves: its injector's
+    ``direct_source()`` (as of its last ``stream_df``), or with ``checkpoint`` (the query's) an upstream's
+    stream table; None: the JVM reads it. Kafka ranges: ``kafka_checkpoint``'s (else ``checkpoint``'s) log."""
     if list(comp.inputs.values()) != [RECORD_KEY]:
         return None
     stream = next(iter(comp.inputs))
@@ -102,8 +101,7 @@ def direct_source(comp: Computation, injectors: Mapping[str, Any], *, layout: St
 
 
 def with_offset_log(source: DirectSource | None, checkpoint: str | None) -> DirectSource | None:
-    """``source``, a Kafka injector's with the offset log of ``checkpoint`` (its query's) to take its ranges
-    from; None: a Kafka source without a local checkpoint (the JVM path)."""
+    """``source``, a Kafka one reading its ranges from ``checkpoint``'s offset log (None: not local)."""
     if source is None or source.kafka is None:
         return source
     local = None if checkpoint is None else local_path(checkpoint)

@@ -1,5 +1,4 @@
-"""Each live query's micro-batch jobs in a FAIR scheduler pool of its own, so a busy stage does not
-queue the others' tasks. docs/continuous.md, "Scheduler pools"."""
+"""Each live query's jobs in a FAIR scheduler pool of its own (docs/continuous.md, "Scheduler pools")."""
 
 from __future__ import annotations
 

@@ -131,15 +131,12 @@ def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, p
             no_wait: bool = False, catch_up: bool = True, progress: Callable[[str], None] | None = None,
             before_commit: Callable[[Mapping[int, int]], None] | None = None,
             intervals: Sequence[int] | None = None, timeline: Timeline | None = None) -> SurgeryResult:
-    """Promote the replay in ``into`` to ``code``'s computation of the live ``store``.
-
-    Raises (nothing changed in each case):
-        ReplayTargetError: not a replay of this computation, or behind with ``catch_up=False``.
-        ReplayBehindError: the replay did not re-run every live commit it would replace.
-        ConfigError: ``intervals`` out of range, or an injector input not in ``injectors``.
-        ReplayUnavailableError, InputGoneError: a live commit to catch up has no positions or input.
-        LeaseHeldError: ``no_wait`` and an interval is held, or another tool is at work.
-        StaleSequencerError / LeaseLostError: a takeover raced the promotion."""
+    """Promote the replay in ``into`` to ``code``'s computation of the live ``store``. Raises, nothing
+    changed: ReplayTargetError (not a replay of this computation, or behind with ``catch_up=False``),
+    ReplayBehindError (a live commit it would replace not re-run), ConfigError (``intervals`` out of
+    range, an injector input not in ``injectors``), ReplayUnavailableError or InputGoneError (a live
+    commit to catch up has no positions or input), LeaseHeldError (``no_wait`` and an interval held, or
+    another tool at work), StaleSequencerError or LeaseLostError (a takeover raced the promotion)."""
     say = progress or (lambda line: None)
     tl = timeline or Timeline()
     computation, num = code.name, type(code).num_intervals

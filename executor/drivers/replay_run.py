@@ -46,11 +46,8 @@ class ReplayRun:
                  injectors: Sequence[Injector], write_path: str, progress: Callable[[str], None] | None,
                  seed: Callable[[], None], old: Mapping[str, Any] | None = None, source: str | None = None,
                  code_spec: str | None = None) -> None:
-        self.spark, self.plan, self.code, self.zk = spark, plan, code, zk
-        self.write_path = write_path
-        self.say = progress or (lambda line: None)
-        self._lines = progress
-        self._seed = seed
+        self.spark, self.plan, self.code, self.zk, self.write_path = spark, plan, code, zk, write_path
+        self.say, self._lines, self._seed = progress or (lambda line: None), progress, seed
         self.store, self.into = StoreLayout(plan.store), StoreLayout(plan.into)
         self.inputs = replay_input(spark, self.store, self.into, code, injectors)
         self.target = into_files(spark, self.into)

@@ -73,7 +73,6 @@ class PipelineRunner:
 
     def run(self) -> RunSummary:
         """Migrate the store (not with ``wiring``), then run at most ``max_rounds`` rounds."""
-        # Python workers forked now, while ZooKeeper, the leases and the query start take their time
         warming = _worker.warm_workers(self.spark, on_error=lambda e: self.progress(
             f"warming the Python workers failed (the tasks start them instead): {e!r}")) if self.warm_workers else None
         try:
@@ -144,8 +143,7 @@ class PipelineRunner:
                 self._rebalance(comp, execs)
             else:
                 started = execs[comp.name] = self._start(comp, self.intervals, wait_s=self.wait_s)
-                # leases in pipeline order: two copies started at once must not each take some and
-                # wait for the other's. The last one's are awaited in _consume
+                # leases in pipeline order: two copies started at once must not each wait for the other's
                 if i < len(ordered) - 1:
                     started.wait_leased()
 
@@ -312,8 +310,7 @@ class PipelineRunner:
         return ex.records_in_total - before
 
     def _input_tokens(self, comp: Computation) -> list[Any]:
-        """Per input of ``comp``: its injector's ``input_token()`` or its stream table's newest
-        version (None: unknown, e.g. a remote store or an injector without tokens)."""
+        """Per input: its injector's ``input_token()`` or stream table's newest version (None: unknown)."""
         from deltawheel.statestore.delta.log import latest_local_version
 
         injectors = {i.name: i for i in self.pipeline.injectors}

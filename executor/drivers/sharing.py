@@ -101,8 +101,7 @@ class Sharing:
 
     def retake(self, comp: Computation, checkpoint: str, *, caps: Mapping[str, int | None]
                ) -> ComputationExecutor | None:
-        """After a tool's hand-over: :meth:`start` without waiting for the others (:meth:`rebalance`
-        looks again); None: none free."""
+        """After a tool's hand-over: :meth:`start` without waiting for the others; None: none free."""
         try:
             return self.start(comp, checkpoint, wait_s=0.0, caps=caps)
         except LeaseHeldError as exc:  # taken meanwhile by another instance: the next rebalance looks again
@@ -112,8 +111,7 @@ class Sharing:
 
     def rebalance(self, comp: Computation, checkpoint: str, ex: ComputationExecutor | None, *,
                   caps: Mapping[str, int | None]) -> tuple[ComputationExecutor | None, bool]:
-        """Between micro-batches: (the executor to go on with, whether it changed); LeaseLostError when
-        a lease of ``ex`` is lost (the run stops with it)."""
+        """Between micro-batches: (the executor to go on with, whether it changed); LeaseLostError if lost."""
         held = set(ex.owner.intervals) if ex is not None else set()
         try:
             if ex is not None:  # a lost session first: its member znode is gone, the target would give nothing

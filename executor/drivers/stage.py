@@ -46,8 +46,8 @@ class Stage:
 
     def tick(self, authority: Any, pipeline: Pipeline, *, layout: StoreLayout,
              files: Callable[[str], Any]) -> None:
-        """Between batches: a timers-only batch if something became due; an upstream's watermark is acted on
-        once the query read every version of its stream tables."""
+        """Between batches: a timers-only batch if something became due (an upstream's watermark acted on
+        once the query read every version of its stream tables)."""
         ex = self.ex
         if ex is None or self.replay_id is not None:  # a batch Spark replays decides first, as its first
             return  # attempt did (``lateness.py``)

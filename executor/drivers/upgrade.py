@@ -102,8 +102,7 @@ def upgrade_all(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, 
     n = pipeline_intervals(client, pipeline=pipeline, computation=code.name)
 
     def build(held: Held) -> list[KeyRow]:  # the leases are held: the rows cannot change now
-        rows, _ = _upgraded(code, held.rows)
-        return rows
+        return _upgraded(code, held.rows)[0]
 
     detail = {"to_version": code.state_version, "from_versions": {str(v): c for v, c in plan.versions.items()
                                                                    if v < code.state_version}}

@@ -108,8 +108,7 @@ def open_client(spark: Any, layout: StoreLayout, zk: ZkConfig) -> tuple[Any, Cal
 
 
 def _arbitrate_commits(spark: Any, layout: StoreLayout, zk: ZkConfig) -> Callable[[], None]:
-    """An object store's commits: given to ``zk`` to arbitrate (its log store on ``spark``) until the
-    returned release; raises ConfigError when an open engine of this application uses other settings."""
+    """``zk`` arbitrates an object store's commits until the release returned; ConfigError: other settings."""
     if layout.is_local:
         return lambda: None
     from deltawheel.statestore.objectstore.logstore import hold_log_store

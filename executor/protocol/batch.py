@@ -1,6 +1,5 @@
-"""The per-batch protocol: :class:`BatchProtocol` runs DESIGN's seven steps (the ``# Step N`` comments)
-on one micro-batch; steps 3-5 rerun while the write path's view of the rows is stale.
-docs/exactly-once.md."""
+"""The per-batch protocol: :class:`BatchProtocol` runs DESIGN's seven steps (``# Step N``) on one
+micro-batch; steps 3-5 rerun while the write path's view of the rows is stale. docs/exactly-once.md."""
 
 from __future__ import annotations
 
@@ -54,7 +53,10 @@ class BatchProtocol:
         # Step 1: leases (and, with shared intervals, what earlier owners already processed).
         ex.owner.check()
         df, skipped, files = self._skip_processed(df, batch_id, input_files)
-        wm_in = self._input_watermark(input_watermark_ms, use_authority=use_authority)
+        self.watermarks.injectors_read = {}  # filled by input(): the injector watermarks read now
+        self.watermarks.computations_read = None
+        wm_in = (self.watermarks.input() if use_authority and input_watermark_ms is None
+                 else input_watermark_ms)
         b = self._open(df, batch_id, started=started, skipped=skipped, files=files, wm_in=wm_in,
                        wm_late=late_watermark_ms, late_raised=late_raised)
         try:
@@ -156,12 +158,6 @@ class BatchProtocol:
             files = tuple(input_files) if input_files is not None else ex.positions.record(df, batch_id)
         return df, skipped, files
 
-    def _input_watermark(self, given: int | None, *, use_authority: bool) -> int | None:
-        """The input watermark the timers fire with: ``given``, else the authority's, else None."""
-        self.watermarks.injectors_read = {}  # filled by input(): the injector watermarks read now
-        self.watermarks.computations_read = None
-        return self.watermarks.input() if use_authority and given is None else given
-
     def _open(self, df: Any | None, batch_id: int, *, started: float, skipped: int, files: tuple[str, ...],
               wm_in: int | None, wm_late: int | None = None,
               late_raised: Mapping[int, int] | None = None) -> BatchState:
@@ -201,8 +197,7 @@ class BatchProtocol:
 
     def _query(self) -> str | None:
         """The query the batches come from, when instances share the intervals (each has its own)."""
-        shared = self.ex.shared
-        return None if shared is None else shared.checkpoint
+        return None if self.ex.shared is None else self.ex.shared.checkpoint
 
     def _lateness(self, df: Any | None, batch_id: int,
                   wm_in: int | None) -> tuple[int | None, int | None, int | None, dict[int, int]]:

@@ -74,10 +74,8 @@ class BatchState:
 
     def advance(self, to: BatchStatus) -> None:
         """Move to ``to``: the next status, or FAILED; any other move raises RuntimeError."""
-        if to is BatchStatus.FAILED and self.status is not BatchStatus.FAILED:
-            self.status = to
-            return
-        if _NEXT.get(self.status) is not to:
+        failing = to is BatchStatus.FAILED and self.status is not BatchStatus.FAILED
+        if not failing and _NEXT.get(self.status) is not to:
             raise RuntimeError(f"batch {self.batch_id}: {to.value} after {self.status.value}: the protocol's "
                                "steps ran out of order")
         self.status = to

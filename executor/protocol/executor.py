@@ -38,13 +38,11 @@ __all__ = ["ComputationExecutor", "REPORTS_KEPT"]
 
 
 class ComputationExecutor:
-    """Runs one computation's batches; pass it to ``writeStream.foreachBatch``.
-
-    ``authority``: None: only a given ``input_watermark_ms`` fires timers; ``upstream``:
-    ``"injector:NAME"`` / ``"computation:NAME"`` entries making the input watermark;
-    ``manual_watermarks``: the caller gives ``input_watermark_ms``; ``write_path``: ``"image"``,
-    ``"merge"`` or ``"auto"``; ``event_ahead_ms``: per input stream, how far event time may be ahead
-    of the clock ({}: no check)."""
+    """Runs one computation's batches; pass it to ``writeStream.foreachBatch``. ``authority`` None: only
+    a given ``input_watermark_ms`` fires timers; ``upstream``: ``"injector:NAME"`` / ``"computation:NAME"``
+    entries making the input watermark; ``manual_watermarks``: the caller gives ``input_watermark_ms``;
+    ``write_path``: ``"image"``, ``"merge"`` or ``"auto"``; ``event_ahead_ms``: per input stream, how far
+    event time may be ahead of the clock ({}: no check)."""
 
     def __init__(self, spark: Any, layout: StoreLayout, computation: Computation, *, owner: IntervalOwner,
                  authority: WatermarkAuthority | None = None, upstream: Sequence[str] = (),
@@ -62,27 +60,19 @@ class ComputationExecutor:
                 raise ConfigError(f"{computation.name}: intervals must be a non-empty subset of 0.."
                                   f"{computation.num_intervals - 1}, got {sorted(set(intervals))}")
         self._wanted = None if intervals is None else tuple(sorted(set(intervals)))
-        write_path, self.write_path_reason = choose_write_path(write_path, layout.root)
-        self.write_path = write_path
-        self.spark = spark
-        self.layout = layout
-        self.comp = computation
+        self.write_path, self.write_path_reason = choose_write_path(write_path, layout.root)
+        self.spark, self.layout, self.comp = spark, layout, computation
         self.owner, self.authority, self.upstream = owner, authority, tuple(upstream)
         for warning in computation.start_warnings():
             _LOG.warning("%s", warning)
         self.inputs = BatchInputs()  # the driver's, for the next batches (:meth:`next_batch_inputs`)
-        self.manual_watermarks = manual_watermarks
-        self.clock = clock
-        self.faults = faults
-        self.on_batch_end = on_batch_end
-        self.progress = progress
+        self.manual_watermarks, self.clock, self.faults = manual_watermarks, clock, faults
+        self.on_batch_end, self.progress = on_batch_end, progress
         self.partitions = partitions or max(1, min(computation.num_intervals,
                                                    spark.sparkContext.defaultParallelism))
-        # the newest REPORTS_KEPT batches' reports; ``records_in_total`` over every batch
         self.reports: collections.deque[BatchReport] = collections.deque(maxlen=REPORTS_KEPT)
         self.records_in_total = 0
-        # one row of figures per committed batch in the store's _metrics/batches (None: off)
-        self.metrics: BatchMetrics | None = BatchMetrics(spark, layout)
+        self.metrics: BatchMetrics | None = BatchMetrics(spark, layout)  # _metrics/batches rows (None: off)
         self.shared = shared  # the input of instances sharing the intervals (``rescale.py``); None: none
         self.positions = positions  # records each batch's input positions in its commit (replay); None: none
         self._protocol = BatchProtocol(self)  # the seven steps of each batch (``batch.py``)
@@ -94,8 +84,9 @@ class ComputationExecutor:
                                  published=self._protocol.watermarks.publish if authority is not None else None)
         ahead: Mapping[str, int] = ({s: DEFAULT_MAX_EVENT_AHEAD_MS for s in computation.inputs}
                                     if event_ahead_ms is None else dict(event_ahead_ms))
-        self.path, self.job = PATHS[write_path](spark, layout, computation, owner, partitions=self.partitions,
-                                                event_ahead_ms=ahead, watermarks=authority is not None)
+        self.path, self.job = PATHS[self.write_path](
+            spark, layout, computation, owner, partitions=self.partitions, event_ahead_ms=ahead,
+            watermarks=authority is not None)
 
     @property
     def event_ahead_ms(self) -> Mapping[str, int]:

@@ -141,11 +141,7 @@ def active_exporter() -> MetricsExporter | None:
 
 
 def start_metrics_server(port: int, addr: str = "0.0.0.0") -> MetricsExporter:
-    """Start the process's Prometheus endpoint on ``port`` (0: a free one), or return the running one.
-
-    Raises:
-        OSError: the port is taken.
-    """
+    """Start (or return) the process's Prometheus endpoint on ``port`` (0: any free); OSError: port taken."""
     global _ACTIVE
     with _ACTIVE_LOCK:
         if _ACTIVE is not None:

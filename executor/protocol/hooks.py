@@ -20,11 +20,8 @@ class InjectorHook:
     def __init__(self, authority: WatermarkAuthority, feeding: Sequence[Injector], *, checkpoint: str | None,
                  instance: str | None = None,
                  held: Callable[[], Mapping[str, Mapping[int, int]]] | None = None) -> None:
-        self.authority = authority
-        self.feeding = tuple(feeding)
-        self.checkpoint = checkpoint
-        self.instance = instance
-        self.held = held
+        self.authority, self.feeding, self.checkpoint = authority, tuple(feeding), checkpoint
+        self.instance, self.held = instance, held
         self._tracking = [inj for inj in self.feeding if getattr(inj, "tracks_files", False)]
         if self._tracking and checkpoint is None:
             raise ConfigError(f"injector {self._tracking[0].name} estimates its watermark from the files no query "

@@ -31,11 +31,8 @@ class InFlight:
 
     def __init__(self, comp: Computation, *, fault: Callable[[FaultPoint, int], None], log: Callable[[str], None],
                  published: Callable[[], object] | None) -> None:
-        self.comp = comp
-        self.computation = comp.name
-        self._fault = fault
-        self._log = log
-        self._published = published
+        self.comp, self.computation = comp, comp.name
+        self._fault, self._log, self._published = fault, log, published
         self.open: OpenDelivery | None = None
 
     def held_ts(self) -> int | None:

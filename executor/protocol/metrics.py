@@ -273,12 +273,8 @@ def read_batches(layout: StoreLayout, *, spark: Any = None, pipeline: str | None
 
 
 def observe_input(df: Any, *, name: str = OBSERVED_NAME, event_time_column: str = "timestamp_ms") -> Any:
-    """``df`` observed as ``name``: per micro-batch input figures in ``observedMetrics[name]``.
-
-    Call it on the *streaming* frame before ``writeStream``::
-
-        q = observe_input(stream).writeStream.foreachBatch(executor).start()
-    """
+    """``df`` observed as ``name``: per micro-batch input figures in ``observedMetrics[name]``. Call it on
+    the *streaming* frame: ``observe_input(stream).writeStream.foreachBatch(executor).start()``."""
     from pyspark.sql import functions as F
 
     ts = F.col(event_time_column)

@@ -1,5 +1,4 @@
-"""Intervals that move between job instances: exact input positions, the skip rule and catch-up.
-docs/rescaling.md, "The hazard, and how a move stays exact"."""
+"""Intervals moving between job instances: exact input positions, skip rule, catch-up (docs/rescaling.md)."""
 
 from __future__ import annotations
 

@@ -17,12 +17,9 @@ __all__ = ["DeltaTableInjector"]
 class DeltaTableInjector(_MaxSeenInjector):
     """A Delta table read with Delta's streaming source (``maxFilesPerTrigger``).
 
-    Delta's streaming source has no row positions, so ``record_id_column`` is required and
-    ``commit_id`` is ``delta={record id}``. Other arguments: as for :class:`ParquetInjector`.
-
-    Raises:
-        ConfigError: an invalid name, a bad count, delay or bound, or no ``record_id_column``.
-    """
+    ``record_id_column`` is required (the source has no row positions); ``commit_id`` is ``delta={record
+    id}``; other arguments as for :class:`ParquetInjector`. ConfigError: an invalid name, count, delay
+    or bound, or no ``record_id_column``."""
 
     def __init__(self, name: str, path: str, *, key_column: str | None, event_time_column: str,
                  value_columns: Sequence[str] | None = None, record_id_column: str | None = "record_id",
@@ -43,11 +40,8 @@ class DeltaTableInjector(_MaxSeenInjector):
         return latest_local_version(self.path)
 
     def stream_df(self, spark: SparkSession) -> DataFrame:
-        """The table as a streaming DataFrame in the stream schema.
-
-        Raises:
-            ConfigError: ``path`` is not a Delta table, or a named column is missing.
-        """
+        """The table as a streaming DataFrame in the stream schema; ConfigError: not a Delta table, or a
+        named column is missing."""
         from pyspark.errors import AnalysisException
         from pyspark.sql import functions as F
 

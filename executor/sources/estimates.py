@@ -21,12 +21,8 @@ def check_percentile(percentile: float) -> None:
 
 class PendingPercentile:
     """The ``percentile`` of the pending files' event times (0: their minimum); never moves back.
-
-    ``floor``: the estimate while nothing is pending (``observe``/``finish`` are passed on).
-
-    Raises:
-        ConfigError: a percentile outside [0, 1).
-    """
+    ``floor``: the estimate while nothing is pending (``observe``/``finish`` are passed on); ConfigError:
+    a percentile outside [0, 1)."""
 
     def __init__(self, files: TableFiles, event_time_column: str, percentile: float, *, floor: Any) -> None:
         check_percentile(percentile)

@@ -27,10 +27,7 @@ def local_folder_token(folder: str) -> tuple[tuple[str, int, int], ...] | None:
 
 def make_local_dir(path: str) -> None:
     """Make a local folder (or ``file://`` URI) that does not exist yet; a remote one is left alone.
-
-    Raises:
-        ConfigError: the path exists and is not a folder, or cannot be made.
-    """
+    ConfigError: the path exists and is not a folder, or cannot be made."""
     local = local_path(path)
     if local is None or os.path.isdir(local):
         return

@@ -43,15 +43,13 @@ class BatchStats:
 
 
 class MaxSeenMinusBound:
-    """Watermark *max event time seen minus a bound*; ``None`` before any, :data:`END_OF_TIME` after finish.
+    """Watermark *max event time seen minus a bound*; ``None`` before any, :data:`END_OF_TIME` after finish;
+    ConfigError: a negative ``delay_ms``.
 
     >>> w = MaxSeenMinusBound(10_000)
     >>> w.observe(BatchStats(2, 50_000, 60_000)); w.observe(BatchStats(1, 20_000, 20_000))
     >>> w.watermark_ms()
     50000
-
-    Raises:
-        ConfigError: a negative ``delay_ms``.
     """
 
     def __init__(self, delay_ms: int) -> None:
@@ -106,12 +104,8 @@ class Injector(Protocol):
 def publish_watermark(authority: WatermarkAuthority, injector: Injector, *, sequencer: int = 0,
                       instance: str | None = None, held: Mapping[str, Mapping[int, int]] | None = None) -> int | None:
     """Publish ``injector``'s estimate (with ``instance``: as that job instance's); returns the stored
-    watermark (never below an earlier one), None while there is no estimate.
-
-    Raises:
-        StaleSequencerError: another instance published with a newer sequencer.
-        LeaseSuspendedError: the ZooKeeper connection is suspended; retry later.
-    """
+    watermark (never below an earlier one), None while there is no estimate. StaleSequencerError: another
+    instance published with a newer sequencer; LeaseSuspendedError: ZooKeeper is suspended, retry later."""
     watermark = injector.watermark_ms()
     if watermark is None:
         return None
@@ -154,8 +148,7 @@ class _Estimating:
 
     def watermark_ms(self) -> int | None:
         """The estimate (epoch ms; the class docstring says which); ``None`` while unknown."""
-        watermark: int | None = self._estimate.watermark_ms()
-        return watermark
+        return self._estimate.watermark_ms()  # type: ignore[no-any-return]
 
 
 class _MaxSeenInjector(_Estimating):

@@ -19,11 +19,8 @@ CORRUPT_RECORD = "_corrupt_record"
 
 
 def json_schema(schema: Any) -> Any:
-    """A StructType from a DDL string or a StructType, without Spark's ``_corrupt_record`` column.
-
-    Raises:
-        ConfigError: the DDL does not parse, or it is not a struct of columns.
-    """
+    """A StructType from a DDL string or a StructType, without Spark's ``_corrupt_record`` column;
+    ConfigError: the DDL does not parse, or it is not a struct of columns."""
     from pyspark.sql.types import DataType, StructType
 
     if isinstance(schema, str):
@@ -61,17 +58,11 @@ def event_time_of(parsed: DataFrame, column: str, timestamp_format: str | None) 
 
 
 class JsonLinesInjector(_MaxSeenInjector):
-    """A folder of JSON Lines files (one JSON object per line) read with Spark's file streaming source.
-
-    Each file is read whole (it must fit in one task's memory). ``record_id`` is ``record_id_column``
-    when given, otherwise ``{name}/{file name}#{line}`` (1-based); ``commit_id`` is
-    ``file={file name}#line={line}``. ``schema`` None: inferred from the files present at
-    :meth:`stream_df`; ``timestamp_format``: the Spark datetime pattern of a STRING event time (None:
-    ISO 8601). Other arguments and the watermark: as for ``ParquetInjector``.
-
-    Raises:
-        ConfigError: an invalid name, count, delay or bound, or both per-trigger limits.
-    """
+    """A folder of JSON Lines files read with Spark's file streaming source, each file whole (it must
+    fit in one task's memory). ``record_id``: ``record_id_column``, else ``{name}/{file name}#{line}``
+    (1-based); ``commit_id``: ``file={file name}#line={line}``. ``schema`` None: inferred at
+    :meth:`stream_df`; ``timestamp_format``: the Spark pattern of a STRING event time (None: ISO 8601).
+    Other arguments and the errors: as for ``ParquetInjector``."""
 
     def __init__(self, name: str, folder: str, *, schema: Any = None, key_column: str | None,
                  event_time_column: str, value_columns: Sequence[str] | None = None,
@@ -91,11 +82,8 @@ class JsonLinesInjector(_MaxSeenInjector):
         return local_folder_token(self.folder)
 
     def resolved_schema(self, spark: SparkSession) -> Any:
-        """``schema``, or Spark's inference over the files present (without ``_corrupt_record``).
-
-        Raises:
-            ConfigError: a schema that does not parse, or none given and none to infer.
-        """
+        """``schema``, or Spark's inference over the files present (without ``_corrupt_record``);
+        ConfigError: a schema that does not parse, or none given and none to infer."""
         if self.schema is not None:
             return json_schema(self.schema)
         from pyspark.errors import AnalysisException
@@ -112,11 +100,8 @@ class JsonLinesInjector(_MaxSeenInjector):
         return schema
 
     def stream_df(self, spark: SparkSession) -> DataFrame:
-        """The folder as a streaming DataFrame in the stream schema.
-
-        Raises:
-            ConfigError: no schema to use (see :meth:`resolved_schema`), or a named column is missing.
-        """
+        """The folder as a streaming DataFrame in the stream schema; ConfigError: no schema to use, or a
+        named column is missing."""
         from pyspark.sql import functions as F
 
         make_local_dir(self.folder)

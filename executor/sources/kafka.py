@@ -20,7 +20,8 @@ __all__ = ["KafkaInjector", "PerPartitionWatermark", "partition_stats"]
 
 
 class PerPartitionWatermark:
-    """min over partitions of (max event time seen in the partition - ``delay_ms``), with idleness.
+    """min over partitions of (max event time seen in the partition - ``delay_ms``), with idleness;
+    ConfigError: a negative ``delay_ms`` or a timeout <= 0.
 
     >>> from deltawheel.statestore.clock import ManualClock
     >>> w = PerPartitionWatermark(1_000, clock=ManualClock(0))
@@ -29,9 +30,6 @@ class PerPartitionWatermark:
     True
     >>> w.observe_partitions({"t/1": 20_000}); w.watermark_ms()
     19000
-
-    Raises:
-        ConfigError: a negative ``delay_ms`` or a timeout <= 0.
     """
 
     def __init__(self, delay_ms: int, *, idle_timeout_ms: int | None = None, clock: Clock | None = None) -> None:
@@ -114,10 +112,8 @@ def _librdkafka_config(options: Mapping[str, str]) -> tuple[tuple[str, str], ...
 
 
 def partition_stats(batch_df: DataFrame, *, now_ms: int, max_event_ahead_ms: int | None) -> BatchStats:
-    """A Kafka batch's stats with the max event time per ``topic/partition``, in one aggregation.
-
-    Records more than ``max_event_ahead_ms`` ahead of ``now_ms``, or outside the years 1 to 9999, are left out.
-    """
+    """A Kafka batch's stats with the max event time per ``topic/partition``, in one aggregation; records
+    more than ``max_event_ahead_ms`` ahead of ``now_ms``, or outside the years 1 to 9999, left out."""
     from pyspark.sql import functions as F
 
     ts = F.col("timestamp_ms")
@@ -139,14 +135,11 @@ class KafkaInjector(_Estimating):
 
     Values are parsed as for :class:`~.jsonl.JsonLinesInjector`; ``record_id`` is
     ``{name}/{topic}/{partition}@{offset}``, ``commit_id`` ``kafka={topic}/{partition}@{offset}``.
-    Feed the executor through :meth:`tracking`, which keeps the per-partition watermark. ``schema``
-    is required; ``key_column`` None: the message key; ``event_time_column`` None: the Kafka
-    timestamp; ``options``: further ``kafka.*`` / source options (docs/sources.md, "Kafka");
-    ``direct_read``: the image tasks read each batch's offset ranges themselves where they can.
-
-    Raises:
-        ConfigError: an invalid name, no schema, a bad delay or timeout, or no topic or servers.
-    """
+    Feed the executor through :meth:`tracking` (it keeps the per-partition watermark). ``key_column``
+    None: the message key; ``event_time_column`` None: the Kafka timestamp; ``options``: further
+    ``kafka.*`` / source options (docs/sources.md, "Kafka"); ``direct_read``: the image tasks read each
+    batch's offset ranges themselves where they can. ConfigError: an invalid name, no schema, a bad
+    delay or timeout, or no topic or servers."""
 
     def __init__(self, name: str, *, bootstrap_servers: str, topic: str, schema: Any, key_column: str | None,
                  event_time_column: str | None, value_columns: list[str] | None = None, watermark_delay_ms: int,
@@ -265,11 +258,8 @@ class KafkaInjector(_Estimating):
         return schema
 
     def stream_df(self, spark: SparkSession) -> DataFrame:
-        """The topic as a streaming DataFrame in the stream schema (its partitions are listed first).
-
-        Raises:
-            ConfigError: no Kafka connector, no broker, or a bad schema or field name.
-        """
+        """The topic as a streaming DataFrame in the stream schema (its partitions are listed first);
+        ConfigError: no Kafka connector, no broker, or a bad schema or field name."""
         from pyspark.errors import AnalysisException
 
         schema = self._checked_schema()
@@ -294,8 +284,7 @@ class KafkaInjector(_Estimating):
         return self._prepare(raw, schema)
 
     def direct_source(self) -> DirectSource | None:
-        """How image tasks can read a batch's offset ranges themselves, per the last :meth:`stream_df`;
-        None: the JVM reads the topic (a setting or type the direct read does not map)."""
+        """How image tasks can read a batch's offset ranges themselves (None: the JVM reads the topic)."""
         return self._direct
 
     def _direct_source(self, schema: Any) -> DirectSource | None:

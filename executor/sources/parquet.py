@@ -26,18 +26,13 @@ __all__ = ["ParquetInjector"]
 
 
 class ParquetInjector(_MaxSeenInjector):
-    """A folder of Parquet files read with Spark's file streaming source (options: docs/sources.md).
-
-    Files are consumed in modification-time order; names starting with ``_`` or ``.`` are ignored.
-    ``record_id`` is ``record_id_column`` when given (null or empty: a dead letter), otherwise
-    ``{name}/{file name}#{row index}``; ``commit_id`` is ``file={file name}#row={row index}``.
-    A missing local folder is made at :meth:`stream_df`. ``schema`` None: read from the files present
-    then; ``watermark_percentile`` in [0, 1): the estimate is that quantile of the unread files' event
-    times instead (:mod:`.estimates`).
-
-    Raises:
-        ConfigError: an invalid name, count, delay, bound or percentile, or both per-trigger limits.
-    """
+    """A folder of Parquet files read with Spark's file streaming source (docs/sources.md), in
+    modification-time order, names starting with ``_`` or ``.`` ignored. ``record_id``:
+    ``record_id_column`` (null or empty: a dead letter), else ``{name}/{file name}#{row index}``;
+    ``commit_id``: ``file={file name}#row={row index}``. ``schema`` None: read from the files at
+    :meth:`stream_df`; ``watermark_percentile`` in [0, 1): the estimate is that quantile of the unread
+    files' event times (:mod:`.estimates`). ConfigError: an invalid name, count, delay, bound or
+    percentile, or both per-trigger limits."""
 
     def __init__(self, name: str, folder: str, *, key_column: str | None, event_time_column: str,
                  value_columns: Sequence[str] | None = None, record_id_column: str | None = None,
@@ -50,7 +45,7 @@ class ParquetInjector(_MaxSeenInjector):
                          max_files_per_trigger=max_files_per_trigger, watermark_delay_ms=watermark_delay_ms,
                          max_event_ahead_ms=max_event_ahead_ms, max_bytes_per_trigger=max_bytes_per_trigger)
         self.schema = schema  # parsed at stream_df (a DDL string needs a running Spark session)
-        self.folder = folder  # a local folder that does not exist yet is made at stream_df
+        self.folder = folder
         self._direct: DirectSource | None = None
         self.watermark_percentile = watermark_percentile
         if watermark_percentile is not None:
@@ -77,11 +72,8 @@ class ParquetInjector(_MaxSeenInjector):
         return self._direct
 
     def stream_df(self, spark: SparkSession) -> DataFrame:
-        """The folder as a streaming DataFrame in the stream schema.
-
-        Raises:
-            ConfigError: no schema to be had, a mismatch with the first file, or a named column missing.
-        """
+        """The folder as a streaming DataFrame in the stream schema; ConfigError: no schema to be had, a
+        mismatch with the first file, or a named column missing."""
         from pyspark.errors import AnalysisException
 
         make_local_dir(self.folder)

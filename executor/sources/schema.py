@@ -22,11 +22,8 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
     ``event_time_column`` and ``exclude``, empty: no value; ``record_id``: a non-null, unique Column;
     ``commit_id``: the source position; ``malformed``: the raw text of a record the source could not
     parse (else null), a dead letter "malformed" as is a record with a key, id or STRING value not
-    valid UTF-8; ``raw``: a STRING or BINARY column, the original text its dead letters keep.
-
-    Raises:
-        ConfigError: a named column does not exist, or the event time column's type is unsupported.
-    """
+    valid UTF-8; ``raw``: the original text its dead letters keep. ConfigError: a named column does
+    not exist, or the event time column's type is unsupported."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegerType, LongType, StringType, TimestampNTZType, TimestampType
 
@@ -76,13 +73,8 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
 
 
 def record_id_of(column: str, *, producer: str, columns: Sequence[str]) -> Any:
-    """The record id from a source's ``record_id_column``, as a STRING column.
-
-    A null or empty id stays null (a dead letter): a position-made id would differ on a retry.
-
-    Raises:
-        ConfigError: ``column`` is not among the source's ``columns``.
-    """
+    """The record id from a source's ``record_id_column``, as a STRING column; null or empty stays null
+    (a dead letter: a position-made id would differ on a retry). ConfigError: not among ``columns``."""
     from pyspark.sql import functions as F
 
     if column not in columns:

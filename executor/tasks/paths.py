@@ -52,13 +52,11 @@ WRITE_PATHS = ("auto", *PATHS)  # "auto": choose_write_path picks one
 
 
 def choose_write_path(requested: str, root: str) -> tuple[str, str]:
-    """(the write path, why) for ``write_path=requested`` on the store at ``root``.
+    """(the write path, why) for ``write_path=requested`` on the store at ``root``; ConfigError: an
+    unknown path, or ``"image"`` on a store the image path cannot reach.
 
     >>> choose_write_path("auto", "s3a://bucket/store")[0], choose_write_path("auto", "abfss://c@a/s")
     ('image', ('merge', 'auto: the image path reads and writes files with pyarrow on local, file: and s3a:// stores only; abfss://c@a/s is none of those, so batches take the fenced MERGE path (slower)'))
-
-    Raises:
-        ConfigError: an unknown path, or ``"image"`` on a store the image path cannot reach.
     """
     if requested not in WRITE_PATHS:
         raise ConfigError(f"write_path must be one of {', '.join(WRITE_PATHS)}, not {requested!r}")

@@ -1,6 +1,5 @@
-"""What is computed: combining functions, so windowed state holds accumulators, not elements.
-
-Accumulators and pane values must be values the computation's codec encodes.
+"""What is computed: combining functions, so windowed state holds accumulators, not elements;
+accumulators and pane values must be values the computation's codec encodes.
 
 >>> fn = Mean()
 >>> fn.extract(fn.merge([fn.add(fn.create(), 2), fn.add(fn.create(), 4)]))
@@ -111,11 +110,7 @@ _BUILTIN: dict[str, type[CombineFn]] = {"sum": Sum, "count": Count, "min": Min, 
 
 
 def combine_fn_from_spec(spec: str | CombineFn) -> CombineFn:
-    """A built-in combiner by name, or ``spec`` itself if it is a :class:`CombineFn`.
-
-    Raises:
-        WindowingError: unknown name.
-    """
+    """A built-in combiner by name (WindowingError if unknown), or ``spec`` itself if a :class:`CombineFn`."""
     if isinstance(spec, CombineFn):
         return spec
     if spec not in _BUILTIN:
@@ -135,13 +130,11 @@ def negate(value: Any) -> Any:
 
 
 def check_encodable(fn: CombineFn, method: str, value: Any, codec: Codec) -> None:
-    """Refuse ``value``, returned by ``fn``'s ``method``, if ``codec`` cannot encode it.
+    """WindowingError (naming the combiner, method, type and fix) if ``codec`` cannot encode ``value``,
+    returned by ``fn``'s ``method``.
 
     >>> from deltawheel.statestore.codecs import get_codec
     >>> check_encodable(Sum(), "add", 3, get_codec("json"))
-
-    Raises:
-        WindowingError: naming the combiner, the method, the value's type and the fix.
     """
     try:
         codec.encode(value)

@@ -170,11 +170,7 @@ def _ms(value: Any, what: str) -> int:
 
 
 def load_scenario(scenario: Mapping[str, Any] | Path | str) -> Scenario:
-    """Parse a scenario (a dict, or a JSON file path) into a :class:`Scenario`.
-
-    Raises:
-        WindowingError: malformed scenario (unknown types, bad steps, watermark going back).
-    """
+    """Parse a scenario (a dict, or a JSON file path) into a :class:`Scenario`; else WindowingError."""
     if isinstance(scenario, (Path, str)):
         scenario = json.loads(Path(scenario).read_text())
     assert isinstance(scenario, Mapping)
@@ -212,15 +208,12 @@ def load_scenario(scenario: Mapping[str, Any] | Path | str) -> Scenario:
 
 
 def _sec(ms: int | None) -> int | float | None:
-    if ms is None:
-        return None
-    return ms // _MS if ms % _MS == 0 else ms / _MS
+    return None if ms is None else ms // _MS if ms % _MS == 0 else ms / _MS
 
 
 class _Runner:
     def __init__(self, comp: WindowedComputation, backend: Backend) -> None:
-        self.comp = comp
-        self.backend = backend
+        self.comp, self.backend = comp, backend
         self.codec = get_codec("json")
         self.wm: int | None = None
         self.now = 0
@@ -271,14 +264,9 @@ class _Runner:
 
 
 def run_scenario(scenario: Mapping[str, Any] | Path | str, *, backend: str | Backend = "memory") -> dict[str, Any]:
-    """Run a scenario through the per-key runner; return ``{"panes": [...], "dropped": [...]}``.
-
-    With ``state_ttl`` the result also has ``"expired": [{"key", "after_step"}, ...]``. ``scenario``:
-    a dict or a JSON file's path; ``backend``: ``"memory"``, ``"delta"`` or a :class:`Backend`.
-
-    Raises:
-        WindowingError: malformed scenario or unknown backend.
-    """
+    """Run a scenario (a dict or a JSON file's path) through the per-key runner; returns ``{"panes": [...],
+    "dropped": [...]}``, with ``state_ttl`` also ``"expired": [{"key", "after_step"}, ...]``. ``backend``:
+    ``"memory"``, ``"delta"`` or a :class:`Backend`. WindowingError: malformed scenario or unknown backend."""
     sc = load_scenario(scenario)
     if backend == "memory":
         store: Backend = MemoryBackend()
@@ -320,10 +308,9 @@ def _result(r: _Runner) -> dict[str, Any]:
 
 
 def assert_panes_equal(actual: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
-    """Compare two outputs by SCENARIO_FORMAT.md's rule; raise AssertionError naming the difference.
-
-    Per key and window the pane sequences must be equal on :data:`PANE_FIELDS` (and ``after_step``
-    where expected has it); dropped entries must be equal as a multiset."""
+    """Compare two outputs by SCENARIO_FORMAT.md's rule (AssertionError naming the difference): per key and
+    window the panes equal on :data:`PANE_FIELDS` (and ``after_step`` where expected has it), dropped
+    entries equal as a multiset."""
     def by_window(panes: list[Mapping[str, Any]], steps: bool) -> dict[tuple[Any, ...], list[tuple[Any, ...]]]:
         out: dict[tuple[Any, ...], list[tuple[Any, ...]]] = defaultdict(list)
         for p in panes:
@@ -352,8 +339,7 @@ class _Namespaced:
     """One scenario's view of a shared backend: its keys live under ``prefix``."""
 
     def __init__(self, shared: Backend, prefix: str) -> None:
-        self.shared = shared
-        self.prefix = prefix
+        self.shared, self.prefix = shared, prefix
 
     def load(self, computation: str, key: str) -> KeyRow | None:
         row = self.shared.load(computation, self.prefix + key)
@@ -369,9 +355,8 @@ class _Namespaced:
 
 def run_scenarios_lockstep(scenarios: Sequence[Mapping[str, Any] | Path | str], *,
                            backend: Backend) -> list[dict[str, Any]]:
-    """Run several scenarios on one backend in lockstep: step i of each, then one ``end_step`` for all.
-
-    Keys are namespaced per scenario, so each result equals what :func:`run_scenario` gives alone."""
+    """Run several scenarios on one backend in lockstep (step i of each, then one ``end_step`` for all);
+    keys are namespaced per scenario, so each result equals what :func:`run_scenario` gives alone."""
     scs = [load_scenario(s) for s in scenarios]
     runners = _lockstep(scs, [_Namespaced(backend, f"s{i:03d}/") for i in range(len(scs))], backend)
     return [_result(r) for r in runners]

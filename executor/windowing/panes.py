@@ -1,7 +1,6 @@
-"""How refinements relate: accumulation modes, panes and their pane info.
-
-In ``ACCUMULATING_AND_RETRACTING`` mode a new pane of a window is preceded by a retraction pane
-withdrawing the previous one, with the pane info of the pane it precedes."""
+"""How refinements relate: accumulation modes, panes and their pane info. In
+``ACCUMULATING_AND_RETRACTING`` mode a new pane is preceded by a retraction pane withdrawing the
+previous one (with the new one's pane info)."""
 
 from __future__ import annotations
 
@@ -31,11 +30,7 @@ class AccumulationMode(str, Enum):
 
     @staticmethod
     def parse(value: "str | AccumulationMode") -> "AccumulationMode":
-        """The mode called ``value``.
-
-        Raises:
-            WindowingError: unknown mode.
-        """
+        """The mode called ``value``; WindowingError if unknown."""
         try:
             return AccumulationMode(value)
         except ValueError:

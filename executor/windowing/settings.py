@@ -1,6 +1,5 @@
-"""The computation settings of a windowed computation, given to ``windowed(...)``.
-
-They become class attributes of the subclass ``windowed`` builds, so driver and tasks read the same values.
+"""The computation settings of a windowed computation, given to ``windowed(...)``: class attributes of
+the subclass it builds, so driver and tasks read the same values.
 
 >>> ComputationSettings(num_intervals=2, late_policy="route").late_policy
 <LatePolicy.ROUTE: 'route'>
@@ -22,11 +21,8 @@ __all__ = ["ComputationSettings", "SETTINGS", "refuse_unknown"]
 
 @dataclass(frozen=True, kw_only=True)
 class ComputationSettings:
-    """The :class:`Computation` settings a windowed computation accepts (defaults: Computation's).
-
-    Raises:
-        ConfigError: a value of the wrong type, an unknown policy, a negative timeout.
-    """
+    """The :class:`Computation` settings a windowed computation accepts (defaults: Computation's);
+    ConfigError for a value of the wrong type, an unknown policy, a negative timeout."""
 
     num_intervals: int = Computation.num_intervals
     codec: str = Computation.codec
@@ -66,11 +62,8 @@ SETTINGS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Computation
 
 
 def refuse_unknown(name: str, unknown: Mapping[str, Any], *, arguments: tuple[str, ...]) -> None:
-    """Refuse keyword arguments of ``windowed(...)`` that are neither its ``arguments`` nor a setting.
-
-    Raises:
-        ConfigError: naming the unknown ones and every accepted name.
-    """
+    """ConfigError, naming every accepted name, for keyword arguments of ``windowed(...)`` that are
+    neither its ``arguments`` nor a setting."""
     if unknown:
         raise ConfigError(
             f"windowed computation {name!r}: unknown setting {', '.join(map(repr, sorted(unknown)))}; "

@@ -1,8 +1,7 @@
-"""When in processing time: trigger state machines (Beam Java SDK semantics).
-
-A trigger is an immutable tree; its state is a list of small dicts, one per node in pre-order.
-Keys of a node's dict, all optional: ``f`` finished (1), ``n`` element count, ``t`` processing-time
-target (ms), ``o`` the watermark trigger's on-time firing happened (1). docs/windowing.md, "Triggers"."""
+"""When in processing time: trigger state machines (Beam Java SDK semantics, docs/windowing.md). A
+trigger is an immutable tree; its state is a list of small dicts, one per node in pre-order, with the
+optional keys ``f`` finished (1), ``n`` element count, ``t`` processing-time target (ms) and ``o`` the
+watermark trigger's on-time firing done (1)."""
 
 from __future__ import annotations
 
@@ -381,11 +380,7 @@ _COMPOSITE_TRIGGERS: dict[str, Callable[[tuple[Trigger, ...]], Trigger]] = {
 
 
 def trigger_from_spec(spec: Mapping[str, Any], *, unit_ms: int = 1000) -> Trigger:
-    """Build a trigger tree from its scenario description (delays in ``unit_ms`` units).
-
-    Raises:
-        WindowingError: unknown type or missing/invalid field.
-    """
+    """A trigger tree from its scenario description (delays in ``unit_ms``); else WindowingError."""
     if not isinstance(spec, Mapping):
         raise WindowingError(f"a trigger must be an object with a 'type', got {spec!r}")
     kind = spec.get("type")

@@ -63,11 +63,7 @@ class WindowedComputation(Computation):
         return self.strategy.allowed_lateness_ms
 
     def __setattr__(self, attr: str, value: Any) -> None:
-        """Refuse a computation setting as an instance attribute: give it to :func:`windowed`.
-
-        Raises:
-            ConfigError: ``attr`` is one of the computation settings.
-        """
+        """ConfigError for a computation setting set as an instance attribute: give it to :func:`windowed`."""
         if attr in SETTINGS:
             raise ConfigError(
                 f"{self.name}: {attr} of a windowed computation is given where it is built, "
@@ -288,16 +284,11 @@ def windowed(*, name: str, inputs: Mapping[str, KeyExtractor], output: str, wind
              state_ttl_processing: timedelta | None = Computation.state_ttl_processing,
              **unknown: Any) -> WindowedComputation:
     """A windowed computation reading ``inputs`` (stream -> key extractor) and writing panes, timestamped
-    at the window end, to ``output`` (dropped elements to ``dropped_stream(output)``).
-
-    ``trigger``: Beam's default if None; ``allowed_lateness_ms``: how long after its end a window
-    accepts data; ``combine``: sum, count, min, max, mean or a CombineFn; ``value``: maps a record
-    value to the combiner's input. The other keywords are the :class:`Computation` settings.
-
-    Raises:
-        ConfigError: invalid names or settings, or an unknown keyword argument.
-        WindowingError: invalid strategy.
-    """
+    at the window end, to ``output`` (dropped elements to ``dropped_stream(output)``). ``trigger``: Beam's
+    default if None; ``allowed_lateness_ms``: how long after its end a window accepts data; ``combine``:
+    sum, count, min, max, mean or a CombineFn; ``value``: maps a record value to the combiner's input; the
+    other keywords are the :class:`Computation` settings. Raises ConfigError (invalid names or settings, an
+    unknown keyword) or WindowingError (invalid strategy)."""
     refuse_unknown(name, unknown, arguments=_ARGUMENTS)
     settings = ComputationSettings(
         num_intervals=num_intervals, codec=codec, allow_pickle=allow_pickle, exactly_once=exactly_once,

@@ -1,7 +1,5 @@
-"""Where in event time: windows and window functions (the Dataflow model's *where*).
-
-The end of input is the watermark :data:`END_OF_INPUT_MS`, beyond the global window's end, so the
-global window fires when input ends.
+"""Where in event time: windows and window functions. The end of input is the watermark
+:data:`END_OF_INPUT_MS`, beyond the global window's end, so the global window fires when input ends.
 
 >>> FixedWindows(120_000).assign(26_000)
 (Window(start_ms=0, end_ms=120000),)
@@ -164,11 +162,7 @@ def _spec_ms(spec: Mapping[str, Any], field: str, unit_ms: int, default: float |
 
 
 def window_fn_from_spec(spec: Mapping[str, Any], *, unit_ms: int = 1000) -> WindowFn:
-    """Build a window function from its scenario description (times in ``unit_ms`` units).
-
-    Raises:
-        WindowingError: unknown type or missing/invalid field.
-    """
+    """A window function from its scenario description (times in ``unit_ms``); else WindowingError."""
     kind = spec.get("type")
     if kind == "global":
         return GlobalWindows()

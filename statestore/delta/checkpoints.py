@@ -93,10 +93,7 @@ def _json_actions(log: TableFiles, name: str) -> Iterator[tuple[str, dict[str, A
 
 def checkpoint_actions(log: TableFiles, cp: Checkpoint) -> Iterator[tuple[str, dict[str, Any]]]:
     """(kind, action) of every ``add``, ``metaData``, ``protocol`` and ``txn`` of ``cp``, sidecars included.
-
-    Raises:
-        UnreadableCheckpoint: a sidecar named by a path outside ``_delta_log/_sidecars``.
-    """
+    Raises UnreadableCheckpoint: a sidecar named by a path outside ``_delta_log/_sidecars``."""
     sidecars: list[str] = []
     for name in cp.files:
         found = _json_actions(log, name) if name.endswith(".json") else _parquet_actions(log, name, _KINDS)

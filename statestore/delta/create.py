@@ -97,10 +97,7 @@ def _write_checksum(log: str, actions: list[dict[str, Any]]) -> None:
 def tables_below(spark: Any | None, folder: str, *, inner: str = "", what: str = "tables") -> list[str]:
     """Names of the folders in ``folder`` holding a Delta table at ``<name>/<inner>``, sorted (a local
     folder without Spark).
-
-    Raises:
-        ConfigError: a remote folder and ``spark`` is ``None`` (``what`` names what was listed).
-    """
+    Raises ConfigError: a remote folder and ``spark`` is ``None`` (``what`` names what was listed)."""
     local = local_path(folder)
     if local is not None:
         if not os.path.isdir(local):

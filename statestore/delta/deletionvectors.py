@@ -131,10 +131,7 @@ def _file_bytes(table: TableFiles, dv: dict[str, Any]) -> bytes:
 
 def deleted_rows(table: TableFiles, dv: dict[str, Any] | None) -> frozenset[int]:
     """The indexes of the rows that deletion vector ``dv`` (an ``add``'s, or None) marks deleted.
-
-    Raises:
-        StoreDamagedError: the deletion vector cannot be read or is not one; nothing was changed.
-    """
+    Raises StoreDamagedError: the deletion vector cannot be read or is not one; nothing was changed."""
     if not dv:
         return frozenset()
     try:

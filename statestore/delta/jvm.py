@@ -89,10 +89,7 @@ def delta_classes(jvm: Any) -> DeltaClasses:
 
 def require_classic_session(spark: Any) -> None:
     """Refuse a Spark Connect session: it has no driver JVM. Every public entry taking a session calls this.
-
-    Raises:
-        SparkConnectSessionError: ``spark`` is a Spark Connect session.
-    """
+    Raises SparkConnectSessionError: ``spark`` is a Spark Connect session."""
     connect = sys.modules.get("pyspark.sql.connect.session")
     if connect is None or not isinstance(spark, connect.SparkSession):
         return

@@ -14,8 +14,7 @@ from .storefs import TableFiles, local_path
 
 __all__ = ["LogSnapshot", "read_snapshot", "files_of", "log_files", "local_table_exists", "local_path",
            "commit_infos", "commit_info", "commit_info_in", "json_commit_versions", "damaged_entry",
-           "DAMAGE_DOC",
-           "newest_commit_info", "user_metadata"]
+           "DAMAGE_DOC", "newest_commit_info", "user_metadata"]
 
 DAMAGE_DOC = "docs/store-damage.md"
 
@@ -219,10 +218,7 @@ def commit_info(path: str | TableFiles, version: int) -> dict[str, Any] | None:
 
 def commit_info_in(file: str, lines: list[str]) -> dict[str, Any] | None:
     """The ``commitInfo`` among the ``lines`` of JSON commit ``file`` (None: it has none).
-
-    Raises:
-        StoreDamagedError: its line does not parse.
-    """
+    Raises StoreDamagedError: its line does not parse."""
     return next((dict(_parse(line, file)["commitInfo"]) for line in lines if '"commitInfo"' in line), None)
 
 

@@ -55,10 +55,7 @@ def _read(where: TableFiles, rel: str) -> str | None:
 
 def offset_lines(checkpoint: Where, batch_id: int) -> list[Any] | None:
     """The parsed source lines of ``offsets/<batch_id>`` (None: no file; a line None: no offset).
-
-    Raises:
-        OSError: a remote checkpoint's file could not be read (not: it is missing).
-    """
+    Raises OSError: a remote checkpoint's file could not be read (not: it is missing)."""
     root = files_of(checkpoint)
     if root is None or batch_id < 0:
         return None
@@ -103,10 +100,7 @@ def _table(root: TableFiles) -> tuple[str, bool] | None:
 
 def batch_adds(checkpoint: Where, batch_id: int, table: Where) -> tuple[dict[str, Any], ...] | None:
     """The ``add`` actions Delta's source over ``table`` read in micro-batch ``batch_id`` (None: unknown).
-
-    Raises:
-        OSError: a remote file could not be read (not: it is missing).
-    """
+    Raises OSError: a remote file could not be read (not: it is missing)."""
     root = files_of(table)
     if root is None or batch_id < 1:
         return None
@@ -157,6 +151,7 @@ def add_file_name(add: dict[str, Any]) -> str:
 def file_source_range(checkpoint: Where, batch_id: int, *, source: int) -> tuple[int, int] | None:
     """(first, last) of the file-source log entries (``sources/<source>/``) batch ``batch_id`` read;
     first > last: none; None: not known here (the file source numbers its entries apart from batches).
+    Raises OSError: a remote checkpoint's file could not be read (not: it is missing).
 
     >>> import tempfile, os
     >>> chk = tempfile.mkdtemp(); os.makedirs(f"{chk}/offsets")
@@ -164,9 +159,6 @@ def file_source_range(checkpoint: Where, batch_id: int, *, source: int) -> tuple
     ...     _ = open(f"{chk}/offsets/{b}", "w").write("\\n".join(["v1", "{}", '{"logOffset":%d}' % k]))
     >>> file_source_range(chk, 0, source=0), file_source_range(chk, 1, source=0), file_source_range(chk, 2, source=0)
     ((0, 0), (1, 2), None)
-
-    Raises:
-        OSError: a remote checkpoint's file could not be read (not: it is missing).
     """
     if batch_id < 0:
         return None
@@ -221,10 +213,7 @@ def kafka_ranges(checkpoint: Where, batch_id: int, topic: str, *,
                  new_partition_start: int | None = None) -> dict[str, dict[str, list[int]]] | None:
     """``{topic: {partition: [start, end)}}`` a Kafka source read in micro-batch ``batch_id`` (None: unknown);
     ``new_partition_start``: the start of a partition added during the run.
-
-    Raises:
-        OSError: a remote checkpoint's file could not be read (not: it is missing).
-    """
+    Raises OSError: a remote checkpoint's file could not be read (not: it is missing)."""
     if batch_id < 0:
         return None
     end = kafka_offsets(offset_lines(checkpoint, batch_id), topic)

@@ -38,9 +38,7 @@ class S3Settings:
         ('127.0.0.1:9000', 'http', 'k', 's', True)
         """
         def conf(key: str) -> str | None:
-            value = get(f"fs.s3a.bucket.{bucket}.{key}")
-            if value is None or value == "":
-                value = get(f"fs.s3a.{key}")
+            value = get(f"fs.s3a.bucket.{bucket}.{key}") or get(f"fs.s3a.{key}")
             return None if value is None or value.strip() == "" else value.strip()
 
         ssl = (conf("connection.ssl.enabled") or "true").lower() != "false"

@@ -1,2 +1,1 @@
-"""Inspection: SQL views (:mod:`.sqlviews`), the read-only check (:mod:`.readonly`), log damage
-(:mod:`.damage`). It reads the tables and writes nothing."""
+"""Inspection: SQL views, the read-only check, log damage; it reads the tables and writes nothing."""

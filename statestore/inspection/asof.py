@@ -1,7 +1,5 @@
-"""``sql --as-of``: which version of each of a store's tables the views read, one instant for all:
-each table's newest version committed by ``TIMESTAMP`` (naive: UTC), or by the commit of version
-``N`` of one computation's rows table (``COMPUTATION@N``; a bare ``N`` when the store has one
-computation). A table with no version by then has no view (its rows are left out)."""
+"""``sql --as-of``: the version of each of a store's tables the views read, one instant for all (a
+timestamp, or the commit of ``COMPUTATION@N``); a table with no version by then has no view."""
 
 from __future__ import annotations
 
@@ -30,10 +28,6 @@ class AsOf:
     def version_of(self, path: str) -> int | None:
         """The version of the table at ``path`` as of the instant (None: it did not exist yet)."""
         return self.versions.get(path)
-
-    def rows_versions(self, layout: StoreLayout, computations: list[str]) -> dict[str, int | None]:
-        """computation -> the version of its rows table as of the instant (None: not yet created)."""
-        return {c: self.version_of(layout.rows_of(c)) for c in computations}
 
     def describe(self, layout: StoreLayout) -> str:
         """One line naming every table's version."""
@@ -90,10 +84,9 @@ def resolve_as_of(spark: Any, layout: StoreLayout, value: str, tables: list[str]
     """The version of each of ``tables`` (paths, :func:`store_tables`) as of ``value``.
 
     Raises:
-        ConfigError: ``value`` is neither a version nor a timestamp; a bare version in a store of
-            several computations (or none); a computation without a rows table.
-        VersionNotFoundError: that computation's rows table has no such version in its log; no
-            computation's rows table has a version by that time.
+        ConfigError: not a version nor a timestamp; a bare version in a store not of one computation;
+            a computation without a rows table.
+        VersionNotFoundError: no such version in the log; no rows table has a version by that time.
     """
     from ..rowtable.tables import list_computations
 
@@ -133,8 +126,7 @@ def resolve_as_of(spark: Any, layout: StoreLayout, value: str, tables: list[str]
 
 
 def store_tables(spark: Any, layout: StoreLayout) -> list[str]:
-    """The paths of the store's tables the views read that exist: each computation's rows table, the
-    store's first rows table (tools' commits before migration 8), dead letters, late data, streams."""
+    """The paths of the existing tables the views read: rows tables, dead letters, late data, streams."""
     from delta.tables import DeltaTable
 
     from ..rowtable.tables import rows_tables

@@ -1,5 +1,4 @@
-"""Audit rows a tool that died after its commit to a rows table did not append (``surgery/audit.py``), rebuilt
-read-only from the commits' metadata with ``"recovered": true`` in ``detail``."""
+"""Audit rows a tool that died after its rows commit did not append, rebuilt from the commits' metadata."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ def _audit_ids(spark: Any, layout: StoreLayout, version: int | None) -> set[str]
 
 @dataclass(frozen=True)
 class AuditGap:
-    """What :func:`audit_gap` found: the missing ``rows`` (oldest first), the newest version of the table read
-    (``upto``; -1: none) and how many commits' entries it opened (``read``)."""
+    """The missing ``rows`` (oldest first), the newest version read (``upto``; -1: none), commits opened."""
 
     rows: list[dict[str, Any]]
     upto: int
@@ -43,10 +41,8 @@ class AuditGap:
 def audit_gap(spark: Any, layout: StoreLayout, *, table: str | None = None, after_version: int | None = None,
               rows_version: int | None = None, audit_version: int | None = None,
               audit_existed: bool = True) -> AuditGap:
-    """The audit rows missing for tools' commits to the rows table ``table`` (a computation's; None: the
-    store's first) after ``after_version`` (None: all; gc keeps it), oldest first; commits past the log's
-    retention unseen. ``rows_version`` (of ``table``) / ``audit_version``: as of those (default newest);
-    ``audit_existed`` False: every tool's commit counts as missing."""
+    """The audit rows missing for tools' commits to ``table`` (None: the store's first rows table) after
+    ``after_version`` (None: all), oldest first, as of ``rows_version`` / ``audit_version``."""
     have = (_audit_ids(spark, layout, audit_version) if audit_existed else None) or set()
     path = layout.rows if table is None else table
     commits, read = None, 0

@@ -20,10 +20,7 @@ _VERSIONED = re.compile(r"^(\d{20})\.(json|crc|checkpoint\..*)$")
 
 def check_log(path: str, *, table: str) -> int | None:
     """Check the log of the local Delta table at ``path``; its newest version (None: remote, no log).
-
-    Raises:
-        StoreDamagedError: a commit is missing (a gap; a checksum or _last_checkpoint past it) or unparsable.
-    """
+    StoreDamagedError: a commit is missing (a gap; a checksum or _last_checkpoint past it) or unparsable."""
     root = local_path(path)
     if root is None:
         return None
@@ -78,12 +75,8 @@ def check_log(path: str, *, table: str) -> int | None:
 
 
 def check_store(layout: StoreLayout) -> None:
-    """Check a local store's rows tables' (the first and each computation's) and stream tables' logs, and
-    that no stream is ahead of the rows table of the computation that delivered to it.
-
-    Raises:
-        StoreDamagedError: see :func:`check_log`, or a computation's rows table is behind a delivery.
-    """
+    """Check a local store's tables' logs, and that no stream is ahead of the rows table that delivered to it
+    (else StoreDamagedError)."""
     if not layout.is_local or check_log(layout.rows, table="rows") is None:
         return
     # the streams are read before the rows: a delivery lands after its rows commit, so a commit and a

@@ -1,6 +1,4 @@
-"""Read-only: the difference between one computation's state in two stores key by key (state, timers,
-pending productions; not record ids), and its productions matched by (stream, key, event time); in
-Spark, only counts and samples reach the driver (docs/replay.md)."""
+"""Read-only: the difference of one computation's state and productions between two stores."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ SAMPLE = 5  # samples per kind of difference
 
 @dataclass(frozen=True, kw_only=True)
 class StoreDiff:
-    """The difference of one computation between store A and store B: per kind (``added``, ``timers``,
-    ``productions_only_a``, ...) its ``counts`` and :data:`SAMPLE` decoded ``samples``; ``notes``: why."""
+    """The difference of one computation between stores A and B: ``counts`` and ``samples`` per kind."""
 
     computation: str
     store_a: str
@@ -222,12 +219,9 @@ def diff_stores(spark: Any, a: StoreLayout, b: StoreLayout, computation: str, *,
                 intervals: Collection[int] | None = None, num_intervals: int | None = None,
                 exclude_commits: Collection[str] = (), seed_version: int | None = None,
                 seed_intervals: Collection[int] = ()) -> StoreDiff:
-    """The difference of ``computation``'s rows and productions to ``streams`` between ``a`` and ``b``
-    (as of ``version_a`` / ``version_b``, versions of the computation's rows table in each store; None:
-    newest; a store where it never committed: no rows), only of ``keys``, ``intervals`` (of
-    ``num_intervals``) and ``batch_ids`` if given, without the productions of ``exclude_commits`` (a
-    flush's). ``seed_version``: B is a replay seeded from A then: in ``seed_intervals`` B's rows
-    without pending are compared with A's pending as of it.
+    """The difference of ``computation``'s rows and productions to ``streams`` between ``a`` and ``b``,
+    limited to ``keys``, ``intervals`` and ``batch_ids`` if given. ``seed_version``: B is a replay seeded
+    from A then: in ``seed_intervals`` B's rows without pending are compared with A's pending as of it.
 
     Raises:
         NotAStoreError: a store has no rows table.

@@ -54,8 +54,7 @@ def _tables(layout: StoreLayout, spark: Any) -> dict[str, str] | None:
 
 
 def state_sizes(layout: StoreLayout, spark: Any) -> dict[str, dict[str, int]]:
-    """Per computation, from its rows table: ``keys`` (user keys), ``rows`` (fence and ids rows too), ``bytes``,
-    ``files`` (0: Spark counted)."""
+    """Per computation, from its rows table: ``keys``, ``rows``, ``bytes``, ``files`` (0: Spark counted)."""
     import pyarrow.compute as pc
 
     out: dict[str, dict[str, int]] = {}

@@ -217,8 +217,7 @@ class _Walk:
 
     def __init__(self, rows: TableFiles, computation: str | None, keys: frozenset[str] | None) -> None:
         self.table = _Table(rows)
-        self.computation = computation
-        self.keys = keys
+        self.computation, self.keys = computation, keys
         self.live: dict[str, dict[str, Any]] = {}
         # (computation, interval) -> key -> (file path, row index); key -> its last row's stamps and row
         self.where: dict[tuple[str, str], dict[str, tuple[str, int]]] = {}
@@ -392,8 +391,7 @@ def store_key_history(layout: StoreLayout, *, computation: str, key: str, limit:
         ConfigError: ``limit`` < 1, or a store of another scheme.
         NotAStoreError: no rows table there.
         UnknownComputationError: the store has no rows table of ``computation``.
-        BucketMissingError, ObjectStoreAuthError, ObjectStoreUnreachableError, ObjectStoreError: the
-            object store failed the read.
+        ObjectStoreError and its subclasses: the object store failed the read.
     """
     from ..objectstore.errors import check_bucket, pyarrow_error
     from ..objectstore.s3a import files_from_env

@@ -1,6 +1,4 @@
-"""The ``state_history`` view's rows: a PySpark Python data source over :func:`.history.walk_history`,
-read in one task whose Python worker must import deltawheel. Options: ``path``, ``to_version``
-(``sql --as-of``) and, for ``s3a://``, ``s3`` (:class:`~..delta.storefs.S3Settings` as JSON)."""
+"""The ``state_history`` view's rows: a Python data source over :func:`.history.walk_history`, one task."""
 
 from __future__ import annotations
 

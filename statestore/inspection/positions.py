@@ -1,5 +1,4 @@
-"""Rows-table versions -> input positions (``rowtable/inputfiles.py``): a replay from V re-runs the
-batch commits after V; a tool's change is in no replay (:func:`tool_changes`), claims are skipped."""
+"""Rows-table versions -> input positions: a replay from V re-runs the batch commits after V."""
 
 from __future__ import annotations
 
@@ -18,9 +17,8 @@ __all__ = ["ComputationCommit", "ToolChange", "computation_commits", "commits_si
 
 @dataclass(frozen=True, kw_only=True)
 class ComputationCommit:
-    """One commit of a computation to its rows table: ``batch_id`` / ``files``, its input positions
-    (``files`` None: none recorded); ``input_ms`` / ``late_ms``, the watermarks the batch acted on;
-    ``kind``: ``batch``, ``claim`` or a tool's; ``kafka``: the offset ranges read (start inclusive)."""
+    """One commit of a computation to its rows table and its input positions (``files`` None: none
+    recorded); ``kind``: ``batch``, ``claim`` or a tool's; ``kafka``: offset ranges, start inclusive."""
 
     version: int
     timestamp_ms: int
@@ -71,22 +69,14 @@ def _history(spark: Any, layout: StoreLayout, computation: str) -> list[Any]:
 
 
 def computation_commits(spark: Any, layout: StoreLayout, computation: str) -> list[ComputationCommit]:
-    """Oldest first, every commit of ``computation`` to its rows table in ``layout``.
-
-    Raises:
-        NotAStoreError: the store has no rows table for ``computation``.
-    """
+    """Oldest first, every commit of ``computation`` to its rows table (NotAStoreError: none)."""
     return [c for r in _history(spark, layout, computation)
             if (c := _commit(int(r["version"]), int(r["timestamp"].timestamp() * 1000), r["userMetadata"],
                              computation)) is not None]
 
 
 def commits_since(spark: Any, layout: StoreLayout, computation: str, *, after: int) -> list[ComputationCommit]:
-    """Oldest first, the commits of ``computation`` after version ``after`` of its rows table.
-
-    Raises:
-        NotAStoreError: the store has no rows table for ``computation``.
-    """
+    """Oldest first, the commits of ``computation`` after version ``after`` (NotAStoreError: no table)."""
     from ..delta.log import commit_infos
     from ..delta.storefs import table_files
 
@@ -141,10 +131,7 @@ def _inside(c: ComputationCommit, version: int | None, to_version: int | None) -
 def commits_after(commits: Sequence[ComputationCommit], version: int | None, *,
                   to_version: int | None = None) -> list[ComputationCommit]:
     """The batch commits a replay from ``version`` (None: the start) up to ``to_version`` re-runs.
-
-    Raises:
-        ReplayUnavailableError: one of them records no input positions (names the horizon).
-    """
+    ReplayUnavailableError: one of them records no input positions (names the horizon)."""
     out = []
     for c in commits:
         if not _inside(c, version, to_version):

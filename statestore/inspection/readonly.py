@@ -24,8 +24,7 @@ def check_read_only(spark: Any, query: str) -> None:
     """Refuse ``query`` unless the session's parser plans it as a query or a SHOW, DESCRIBE or EXPLAIN.
 
     Raises:
-        ReadOnlySqlError: the statement would write (UPDATE, DELETE, MERGE, INSERT, CREATE, DROP,
-            ALTER, OPTIMIZE, VACUUM, RESTORE, SET, CACHE, ...).
+        ReadOnlySqlError: the statement would write (UPDATE, INSERT, CREATE, OPTIMIZE, SET, CACHE, ...).
         pyspark.errors.ParseException: not one valid statement (several ``;``-separated ones included).
     """
     from py4j.protocol import Py4JJavaError
@@ -61,7 +60,6 @@ _SHOW_TABLES = re.compile(r"\s*SHOW\s+TABLES(\s+(IN|FROM)\s+`?default`?)?\s*;?\s
 
 def _show_tables_query(names: Sequence[str]) -> str:
     """The query ``SHOW TABLES`` stands for in :func:`read_only_session`: the table name first.
-
     >>> _show_tables_query(["state"])
     "SELECT * FROM VALUES ('state', '', true) AS t(tableName, namespace, isTemporary)"
     """
@@ -74,10 +72,8 @@ def _show_tables_query(names: Sequence[str]) -> str:
 
 def read_only_session(spark: Any, prepare: Callable[[Any], Any],
                       table_names: Callable[[], Sequence[str]] | None = None) -> Any:
-    """A new session of ``spark``'s application whose every statement :func:`check_read_only` checks:
-    once parsed (before Spark or Delta analyse a write) and once analysed, through py4j's
-    callback server; ``prepare(session)`` runs first, unchecked. With ``table_names``, ``SHOW TABLES``
-    lists them in its first column (where BI tools' Hive dialect looks)."""
+    """A new session whose every statement :func:`check_read_only` checks, once parsed and once analysed;
+    ``prepare(session)`` runs first, unchecked. ``table_names``: what ``SHOW TABLES`` lists."""
     from pyspark.java_gateway import ensure_callback_server_started
     from pyspark.sql import SparkSession
 

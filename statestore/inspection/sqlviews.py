@@ -1,5 +1,4 @@
-"""SQL over a store: decoded temporary views (``views.py``, docs/tables.md, "Views"), query
-formatting, one-key inspection. Every query is first checked to only read (:mod:`.readonly`)."""
+"""SQL over a store: views, query formatting, one-key inspection; every query is checked to only read."""
 
 from __future__ import annotations
 
@@ -63,14 +62,9 @@ def _cut(s: str) -> str:
 
 def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: str = "table",
                 total: int | None = None, cut: bool = True) -> str:
-    """Format query results (``rows``: tuples or ``pyspark.sql.Row``) as ``fmt``: ``table`` (aligned,
-    NULL as ``NULL``, a ``(N rows)`` footer), ``csv`` (RFC 4180 with a header, NULL empty, binary
-    base64) or ``json`` (JSON Lines). ``total``: the row count when ``rows`` are the first of them;
-    ``cut``: ``table`` cuts cells longer than 60 characters.
-
-    Raises:
-        ConfigError: unknown ``fmt``.
-    """
+    """Format query results as ``fmt``: ``table`` (cells cut at 60 characters with ``cut``), ``csv`` (a
+    header, NULL empty, binary base64) or ``json`` (JSON Lines); ``total``: when ``rows`` are the first.
+    ConfigError: unknown ``fmt``."""
     if fmt in ("csv", "json"):
         buf = io.StringIO()
         _write_rows(columns, rows, buf, fmt)
@@ -95,7 +89,7 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: s
     return "\n".join(out + [footer]) + "\n"
 
 
-TABLE_MAX_ROWS = 1000  # the ``table`` format's default cut (people read it; csv and json are never cut unasked)
+TABLE_MAX_ROWS = 1000  # the ``table`` format's default cut (csv and json are never cut unasked)
 
 
 @dataclass(frozen=True)
@@ -147,12 +141,8 @@ def sql_frame(spark: Any, layout: StoreLayout, query: str, *, allow_pickle: bool
 def write_sql(spark: Any, layout: StoreLayout, query: str, out: TextIO, *, fmt: str = "table",
               max_rows: int | None = None, allow_pickle: bool = False, register: bool = True,
               number: int | None = None) -> SqlResult:
-    """Run ``query`` (:func:`sql_frame`) and write its rows to ``out`` in ``fmt`` (:func:`format_rows`):
-    at most ``max_rows`` (``table``'s default :data:`TABLE_MAX_ROWS`); ``number``: the statement's.
-
-    Raises:
-        ConfigError: unknown ``fmt`` or ``max_rows`` < 1; and what :func:`sql_frame` raises.
-    """
+    """Run ``query`` (:func:`sql_frame`), writing at most ``max_rows`` rows to ``out`` in ``fmt``.
+    ConfigError: unknown ``fmt`` or ``max_rows`` < 1."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown output format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if max_rows is not None and max_rows < 1:

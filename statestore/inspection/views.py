@@ -1,8 +1,5 @@
-"""The store's decoded temporary views, each defined on a session when a statement first needs it.
-
-Only the views a statement names are defined, so the costly ones (``audit``, ``state_history``)
-cost only when used. Views are SQL text: each query reads the tables' latest Delta version.
-Stored values decode for display (``dw_decode``, ``inspect``) as JSON; a bad value shows as ``<...>``."""
+"""The store's decoded temporary views, each defined on a session when a statement first needs it
+(the costly ``audit`` and ``state_history`` cost only when used); a bad stored value shows as ``<...>``."""
 
 from __future__ import annotations
 
@@ -27,7 +24,7 @@ from .auditgap import audit_gap
 
 __all__ = ["StoreViews", "named_views", "register_views", "decode_value", "decode_json_text"]
 
-#: the views of the rows tables, in the order they are defined (each reads ``rows`` or every computation's table)
+#: the views of the rows tables, in the order they are defined
 _ROWS_VIEWS = ("rows", "state", "timers", "pending_productions", "fences", "state_history")
 #: the side tables: an empty view of their columns before the table exists
 _SIDE_TABLES = ("dead_letters", "late_data", "audit")
@@ -90,15 +87,9 @@ def named_views(statement: str, names: Iterable[str]) -> list[str]:
 
 
 class StoreViews:
-    """The views of the store ``layout`` on ``spark``, defined as :meth:`ensure` asks; the rows views
-    read every computation's rows table. ``as_of`` (:func:`.asof.resolve_as_of`): every view reads its
-    tables at that version (a table without one is left out: no view when none is left, the side
-    tables an empty one). ``rows_source``: SQL naming a relation with the rows tables' columns, read
-    in their place.
-
-    Raises:
-        ConfigError: a stream table is named like a built-in view (when constructed).
-    """
+    """The views of ``layout`` on ``spark``, defined as :meth:`ensure` asks. ``as_of``: tables read at
+    those versions (one without: left out); ``rows_source``: SQL read in the rows tables' place.
+    ConfigError (when constructed): a stream table is named like a built-in view."""
 
     def __init__(self, spark: Any, layout: StoreLayout, *, allow_pickle: bool = False,
                  as_of: AsOf | None = None, rows_source: str | None = None) -> None:
@@ -168,8 +159,7 @@ class StoreViews:
 
                 exists = bool(DeltaTable.isDeltaTable(self.spark, path))
             return sql_path(path) if exists else None
-        v = self.as_of.version_of(path)
-        return None if v is None else f"{sql_path(path)} VERSION AS OF {v}"
+        return None if self.as_of.version_of(path) is None else self._table_source(path)
 
     def _rows_tables(self) -> dict[str, str]:
         """computation -> its rows table, for the computations with one (at ``as_of``: one by then)."""
@@ -298,8 +288,7 @@ class StoreViews:
             self.defined.append(name)
 
     def _audit_gap(self) -> list[dict[str, Any]]:
-        """The audit rows missing for tools' commits (``auditgap.py``) to every rows table (the store's
-        first, then each computation's), as of ``as_of``."""
+        """The audit rows missing for tools' commits to every rows table, as of ``as_of``."""
         tables = [self.layout.rows, *rows_tables(self.spark, self.layout).values()]
         if self.as_of is None:
             return [r for t in tables for r in audit_gap(self.spark, self.layout, table=t).rows]
@@ -317,10 +306,5 @@ class StoreViews:
 
 def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = False,
                    as_of: AsOf | None = None) -> list[str]:
-    """Register every view of the store and ``dw_decode``; a missing table gets none (side tables: empty).
-    Returns the views' names, built-in ones first, then streams.
-
-    Raises:
-        ConfigError: a stream table is named like a built-in view.
-    """
+    """Register every view of the store and ``dw_decode``; their names, built-in ones first, then streams."""
     return StoreViews(spark, layout, allow_pickle=allow_pickle, as_of=as_of).ensure_all()

@@ -91,10 +91,7 @@ def hold_log_store(spark: Any, hosts: str, *, chroot: str = "/deltawheel",
                    digest: str | None = None) -> Callable[[], None]:
     """:func:`configure_log_store` for as long as an engine or runner is open: returns its release;
     the last release puts the settings from before back.
-
-    Raises:
-        ConfigError: another open engine or runner of this application uses other settings (one each).
-    """
+    Raises ConfigError: another open engine or runner of this application uses other settings (one each)."""
     want = log_store_settings(hosts, chroot=chroot, digest=digest)
     key = id(spark.sparkContext)
     with _HOLDS_LOCK:

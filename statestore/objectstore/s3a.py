@@ -85,10 +85,7 @@ def _name(jar: MavenJar) -> str:
 
 def ensure_jar(jar: MavenJar, jars_dir: Path, *, quiet: bool = False) -> Path:
     """The path of ``jar`` in ``jars_dir``, fetched from Maven Central (SHA-1 checked) if missing.
-
-    Raises:
-        JarFetchError: it could not be fetched, or its checksum is not the pinned one.
-    """
+    Raises JarFetchError: it could not be fetched, or its checksum is not the pinned one."""
     group, artifact, version, classifier, sha1 = jar
     return fetch_maven_jar(group, artifact, version, jars_dir, classifier=classifier, sha1=sha1, quiet=quiet)
 
@@ -144,10 +141,7 @@ def set_hadoop(spark: Any, values: Mapping[str, str | None]) -> None:
 
 def endpoint_from_env(env: Mapping[str, str] | None = None) -> S3Endpoint | None:
     """The endpoint named by ``$DELTAWHEEL_S3_ENDPOINT`` and its keys, or ``None`` when it is not set.
-
-    Raises:
-        ConfigError: the endpoint is set but a key is missing or the URL is not http(s).
-    """
+    Raises ConfigError: the endpoint is set but a key is missing or the URL is not http(s)."""
     env = os.environ if env is None else env
     url = env.get(ENV_ENDPOINT)
     if not url:
@@ -169,6 +163,7 @@ def bucket_of(uri: str) -> str | None:
 
 def files_from_env(uri: str, env: Mapping[str, str] | None = None) -> TableFiles | None:
     """:func:`~..delta.storefs.files_for` of ``uri`` without Spark, S3 from :func:`endpoint_from_env`.
+    Raises ConfigError: the endpoint is set but a key is missing or the URL is not http(s).
 
     >>> env = {ENV_ENDPOINT: "http://127.0.0.1:9000", ENV_ACCESS_KEY: "k", ENV_SECRET_KEY: "s"}
     >>> f = files_from_env("s3a://b/store/rows", env)
@@ -176,9 +171,6 @@ def files_from_env(uri: str, env: Mapping[str, str] | None = None) -> TableFiles
     ('b/store/rows', '127.0.0.1:9000', 'http', 'k', True)
     >>> files_from_env("/tmp/store/rows", env).is_local
     True
-
-    Raises:
-        ConfigError: the endpoint is set but a key is missing or the URL is not http(s).
     """
     from ..delta.storefs import S3Settings, files_for
 

@@ -85,10 +85,7 @@ def apply_reseed(spark: Any, layout: StoreLayout, client: KazooClient, plan: Res
                  acls: list[ACL] | None = None) -> dict[str, dict[int, int]]:
     """Raise ZooKeeper's sequencers, bind the store, publish ``plan``'s injector watermarks; returns
     the next sequencer per computation and interval.
-
-    Raises:
-        StoreMismatchError: ZooKeeper's binding names another store (nothing is changed).
-    """
+    Raises StoreMismatchError: ZooKeeper's binding names another store (nothing is changed)."""
     from ..rowtable.store import RowStore
 
     bind_store(client, plan.pipeline, table_id=RowStore(spark, layout, writer="reseed").table_id(), root=layout.root)

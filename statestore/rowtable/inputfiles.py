@@ -30,10 +30,7 @@ def encode(files: Iterable[str]) -> bytes:
 
 def decode(payload: bytes | None) -> frozenset[str]:
     """The files of a fence row payload (None or empty: none).
-
-    Raises:
-        CodecError: not a payload of this format (or written by a newer deltawheel).
-    """
+    Raises CodecError: not a payload of this format (or written by a newer deltawheel)."""
     if not payload:
         return frozenset()
     try:
@@ -127,10 +124,7 @@ def no_input_entry() -> dict[str, object]:
 
 def entry_of(meta: object) -> tuple[int | None, tuple[str, ...]] | None:
     """(batch id, input files) of a commit's parsed metadata (None: none; batch id None: no input).
-
-    Raises:
-        CodecError: an entry of a newer format.
-    """
+    Raises CodecError: an entry of a newer format."""
     if not isinstance(meta, dict) or not isinstance(meta.get(POSITIONS_KEY), dict):
         return None
     e = meta[POSITIONS_KEY]

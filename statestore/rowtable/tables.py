@@ -29,10 +29,7 @@ _lock = threading.Lock()
 
 def list_computations(spark: Any | None, layout: StoreLayout) -> list[str]:
     """Names of the computations with a rows table in the store, sorted (a local store's without Spark).
-
-    Raises:
-        ConfigError: a remote store and ``spark`` is ``None``.
-    """
+    Raises ConfigError: a remote store and ``spark`` is ``None``."""
     return tables_below(spark, layout.computations_root, inner="rows", what="computations")
 
 
@@ -72,11 +69,8 @@ def _first_rows_template(spark: Any, layout: StoreLayout) -> tuple[dict[str, Any
 
 def ensure_rows_table(spark: Any, layout: StoreLayout, computation: str) -> str:
     """Create ``computation``'s rows table if it doesn't exist yet (idempotent); return its path.
-
-    Raises:
-        ConfigError: its table cannot be made in a local store (e.g. a plain file sits where its folder
-            belongs); on an object store the failure is raised as it is.
-    """
+    Raises ConfigError: its table cannot be made in a local store (e.g. a plain file sits where its folder
+    belongs); on an object store the failure is raised as it is."""
     validate_name("computation", computation)
     path = layout.rows_of(computation)
     if path in _made:

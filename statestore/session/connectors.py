@@ -43,10 +43,7 @@ def _folder(jars_dir: Path | None) -> Path:
 
 def ensure_kafka_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> list[Path]:
     """The connector's jars, fetched once.
-
-    Raises:
-        JarFetchError: a jar could not be fetched (the message says where to put it by hand).
-    """
+    Raises JarFetchError: a jar could not be fetched (the message says where to put it by hand)."""
     folder = _folder(jars_dir)
     return [fetch_maven_jar(g, a, v, folder, quiet=quiet, hint=" or set DELTAWHEEL_KAFKA_JARS_DIR")
             for g, a, v in kafka_connector_jars()]

@@ -135,10 +135,7 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
 
 def setup_jars(*, object_store: bool = False, quiet: bool = False) -> list[Path]:
     """Fetch and build every jar (``object_store``: its jars too) into the cache now; returns them.
-
-    Raises:
-        JarFetchError: a jar could not be fetched or compiled.
-    """
+    Raises JarFetchError: a jar could not be fetched or compiled."""
     jars = [*ensure_delta_jars(quiet=quiet), ensure_log_store_jar(quiet=quiet)]
     if object_store:
         from ..objectstore import s3a
@@ -187,11 +184,7 @@ def missing_settings(have: Mapping[str, str | None], store: str) -> list[str]:
 
 def check_session(spark: Any, store: str) -> None:
     """Check that ``spark`` has what deltawheel needs for a store at ``store`` (a local folder or URI).
-
-    Raises:
-        SparkConnectSessionError: ``spark`` is a Spark Connect session.
-        SessionConfigError: naming every missing setting and how to fix it.
-    """
+    Raises SparkConnectSessionError, or SessionConfigError naming every missing setting and its fix."""
     require_classic_session(spark)
     missing = missing_settings({k: _conf(spark, k) for k in session_settings(store)}, store)
     if not missing:

@@ -86,22 +86,19 @@ def commit_meta(record: AuditRecord) -> dict[str, Any]:
 
 
 def store_rows_tables(spark: Any, layout: StoreLayout) -> list[str]:
-    """Every rows table a tool may have committed to: the store's first (before migration 8), then each
-    computation's."""
+    """Every rows table a tool may have committed to: the store's first, then each computation's."""
     from ..rowtable.tables import rows_tables
 
     return [layout.rows, *rows_tables(spark, layout).values()]
 
 
 def audit_gap_of(spark: Any, layout: StoreLayout, table: str, **options: Any) -> AuditGap:
-    """:func:`audit_gap` (``options``: its settings) over one rows table ``table`` of ``layout``; its
-    versions are ``table``'s."""
+    """:func:`audit_gap` (``options``: its settings) over the rows table ``table``."""
     return audit_gap(spark, layout, table=table, **options)
 
 
 def recover_audit(spark: Any, layout: StoreLayout, rows: Sequence[Mapping[str, Any]] | None = None) -> list[AuditRecord]:
-    """Append (idempotent by ``audit_id``) and return the audit rows missing for tools' rows commits
-    (``rows``; None: those of every rows table)."""
+    """Append (idempotent by ``audit_id``) and return the missing audit rows ``rows`` (None: all)."""
     from delta.tables import DeltaTable
 
     rows = [r for table in store_rows_tables(spark, layout) for r in audit_gap_of(spark, layout, table).rows

@@ -1,6 +1,5 @@
-"""What a repair statement does to each key (:class:`Edits`), the pieces the repair modules share,
-and the repairs of a key's timers and checkpointed productions (docs/operations.md, "Repair"; the
-state TTL's timer, tag ``\\x00ttl``, is refused: change ``state_ttl`` instead)."""
+"""What a repair statement does to each key (:class:`Edits`), the pieces the repair modules share, and
+the repairs of timers and checkpointed productions (docs/operations.md, "Repair")."""
 
 from __future__ import annotations
 
@@ -61,11 +60,7 @@ def set_state(key: str, text: str | None, *, delete: bool) -> Edit:
 
 def encode_state(key: str, text: str | None, codec: str) -> bytes | None:
     """The bytes of the new state ``text`` (JSON; None: no state) of ``key`` in ``codec``.
-
-    Raises:
-        RepairStatementError: not JSON; a pickled codec; a value the codec cannot encode or would
-            not give back as it is.
-    """
+    RepairStatementError: not JSON; a pickled codec; a value the codec cannot encode or round-trip."""
     if text is None:
         return None
     try:
@@ -97,11 +92,7 @@ def new_key_row(computation: str, key: str, *, num_intervals: int, state: bytes 
 
 
 def check_new_key(key: Any) -> str:
-    """``key`` if a repair may insert it.
-
-    Raises:
-        RepairStatementError: NULL, empty, starting with NUL (deltawheel's own rows), too long.
-    """
+    """``key`` if a repair may insert it; RepairStatementError: NULL, empty, starting with NUL, too long."""
     if key is None:
         raise RepairStatementError("the statement inserts a NULL key: every inserted row needs a key")
     try:
@@ -121,11 +112,7 @@ def check_computation(text: str, computation: str) -> None:
 
 
 def run_sql(spark: Any, query: str, *, what: str) -> list[Any]:
-    """``spark.sql(query).collect()``, the user's SQL errors as :class:`RepairStatementError`.
-
-    Raises:
-        RepairStatementError: Spark's AnalysisException / ParseException on the user's SQL.
-    """
+    """``spark.sql(query).collect()``, the user's SQL errors as :class:`RepairStatementError`."""
     try:
         return list(spark.sql(query).collect())
     except Exception as exc:
@@ -138,10 +125,7 @@ def run_sql(spark: Any, query: str, *, what: str) -> list[Any]:
 
 def timer_edits(spark: Any, *, computation: str, where: str | None, time_expr: str | None) -> Edits:
     """Delete (``time_expr`` None) or move the timers of ``computation`` the condition selects.
-
-    Raises:
-        RepairStatementError: invalid SQL; a reserved (TTL) timer selected; a NULL or fractional new time.
-    """
+    RepairStatementError: invalid SQL; a reserved (TTL) timer selected; a NULL or fractional new time."""
     view = ("(SELECT computation, `interval`, key, t.tag, t.domain, timestamp_millis(t.time_ms) AS "
             "fire_time, t.time_ms FROM rows LATERAL VIEW explode(timers) tt AS t WHERE computation = "
             f"{sql_str(computation)}) AS timers")
@@ -180,11 +164,7 @@ def _retime(changes: dict[tuple[str, str], int | None]) -> Edit:
 
 
 def pending_edits(spark: Any, *, computation: str, where: str | None) -> Edits:
-    """Drop the checkpointed productions of ``computation`` the condition selects.
-
-    Raises:
-        RepairStatementError: invalid SQL.
-    """
+    """Drop the checkpointed productions of ``computation`` the condition selects."""
     view = ("(SELECT computation, `interval`, key, p.production_id, p.stream, p.key AS out_key, "
             "dw_decode(p.codec, p.value) AS value_json, timestamp_millis(p.timestamp_ms) AS `timestamp` "
             f"FROM rows LATERAL VIEW explode(pending) pp AS p WHERE computation = {sql_str(computation)}) "

@@ -155,8 +155,8 @@ def merge_edits(spark: Any, stmt: MergeStatement, *, computation: str, num_inter
     """The keys the MERGE changes, evaluated now; ``codec()``: an inserted key's codec column.
 
     Raises:
-        RepairStatementError: invalid SQL; a key matched twice or inserted twice; an inserted key
-            the computation has, or that is not usable; a state the codec cannot encode.
+        RepairStatementError: invalid SQL; a key matched or inserted twice; an inserted key that exists
+            or is not usable; a state the codec cannot encode.
     """
     src = _register_source(spark, stmt)
     mine = f"(SELECT * FROM state WHERE computation = {sql_str(computation)}) AS {stmt.target}"

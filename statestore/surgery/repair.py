@@ -1,6 +1,5 @@
-"""Repair: a statement on a decoded view (docs/operations.md, "Repair"), applied to the live rows in
-one fenced commit under the leases it touches. It is evaluated twice: once to find the leases to
-take (every refusal before the pipeline is asked), then under them (``replace.py``)."""
+"""Repair: a statement on a decoded view applied to the live rows in one fenced commit under the leases
+it touches; evaluated once to find the leases (every refusal first), then under them."""
 
 from __future__ import annotations
 
@@ -46,11 +45,7 @@ class RepairStatement:
 
 
 def parse_repair(text: str) -> RepairStatement:
-    """Parse a repair statement (see the module docstring).
-
-    Raises:
-        RepairStatementError: anything else, with what is accepted.
-    """
+    """Parse a repair statement; RepairStatementError on anything else, naming what is accepted."""
     if (text.strip().split() or [""])[0].upper() == "MERGE":
         return RepairStatement(text=text, view="state", kind="merge", expr=None, where=None,
                                merge=parse_merge(text))
@@ -79,8 +74,7 @@ def parse_repair(text: str) -> RepairStatement:
 
 
 def _state_edits(spark: Any, stmt: RepairStatement, computation: str) -> Edits:
-    """UPDATE / DELETE of the state view: the keys it selects, with their new state text
-    (RepairStatementError: invalid SQL, or it selects another computation's rows)."""
+    """UPDATE / DELETE of the state view: the keys it selects, with their new state text."""
     cond = stmt.where or "true"
     named = {r[0] for r in run_sql(spark, f"SELECT DISTINCT computation FROM state WHERE ({cond})",
                                    what="the state view")}
@@ -102,8 +96,7 @@ _LOCAL_ROWS_MAX = 50_000
 
 def _held_views(spark: Any, layout: StoreLayout, stmt: RepairStatement, *, computation: str,
                 num_intervals: int) -> StoreViews:
-    """The views under the leases: the rows read in Python when the statement reads only those it
-    changes (so no Spark job reads the store while the pipeline waits), else the store's views."""
+    """The views under the leases: the rows read in Python if the statement reads only those, else Spark's."""
     from ..delta.storefs import table_files
     from ..rowtable.filescan import interval_rows
     from ..rowtable.frames import local_frame
@@ -118,9 +111,7 @@ def _held_views(spark: Any, layout: StoreLayout, stmt: RepairStatement, *, compu
 
 
 def _codec_of(spark: Any, computation: str, given: str | None) -> Callable[[], str]:
-    """The codec column of a key a MERGE inserts: ``given``, else the newest state version's most common.
-
-    The callable raises RepairStatementError: no ``given`` and no row, or ``given`` unknown or pickle."""
+    """The codec of a key a MERGE inserts: ``given``, else the newest state version's most common."""
     def codec() -> str:
         if given is not None:
             if base_name(given) == "pickle":
@@ -160,11 +151,7 @@ def _edits(spark: Any, views: StoreViews, stmt: RepairStatement, *, computation:
 
 
 def pipeline_intervals(client: Any, *, pipeline: str, computation: str) -> int:
-    """The number of intervals of ``computation`` in ``pipeline``'s ZooKeeper.
-
-    Raises:
-        ConfigError: the pipeline has no such computation there (no lease znodes).
-    """
+    """The number of intervals of ``computation`` in ``pipeline``'s ZooKeeper (ConfigError: none there)."""
     ivs = [int(r["interval"]) for r in list_leases(client, pipeline=pipeline) if r["computation"] == computation]
     if not ivs:
         raise ConfigError(f"pipeline {pipeline!r} has no computation {computation!r} in ZooKeeper (no lease znodes): "
@@ -174,12 +161,7 @@ def pipeline_intervals(client: Any, *, pipeline: str, computation: str) -> int:
 
 def plan_repair(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, computation: str, statement: str,
                 codec: str | None = None) -> SurgeryResult:
-    """What :func:`repair` would change against the rows now; no lease taken, nothing written.
-
-    Raises:
-        RepairStatementError: as :func:`repair`.
-        ConfigError: the pipeline has no such computation in ZooKeeper.
-    """
+    """What :func:`repair` would change against the rows now (raising as it does); nothing written."""
     stmt = parse_repair(statement)
     n = pipeline_intervals(client, pipeline=pipeline, computation=computation)
     edits = _edits(spark, StoreViews(spark, layout), stmt, computation=computation, num_intervals=n, codec=codec)

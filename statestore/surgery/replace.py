@@ -1,6 +1,5 @@
-"""A tool's fenced replacing write of some intervals of a live computation: hand-over request, leases
-and recovery, one fenced commit of what ``build`` returns, leases back, audit record (docs/replay.md,
-"6. Promote"); :func:`plan_replacement` is its dry run."""
+"""A tool's fenced replacing write of some intervals of a live computation: hand-over, leases and
+recovery, one fenced commit, leases back, audit record; :func:`plan_replacement` is its dry run."""
 
 from __future__ import annotations
 
@@ -78,8 +77,7 @@ def holds_nothing(row: KeyRow) -> bool:
 
 
 def row_changes(before: Sequence[KeyRow], after: Sequence[KeyRow]) -> tuple[list[KeyRow], list[tuple[int, str]]]:
-    """The rows of ``after`` that differ from ``before`` (a new key's row that :func:`holds_nothing`:
-    not written), and the (interval, key) ``after`` drops."""
+    """The rows of ``after`` that differ from ``before`` (empty new keys left out), and the keys dropped."""
     old = {r.key: r for r in before if is_user_key(r.key)}
     new = {r.key: r for r in after if is_user_key(r.key) and (r.key in old or not holds_nothing(r))}
     ups = [r for k, r in sorted(new.items())
@@ -115,10 +113,8 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
                       timeline: Timeline | None = None) -> SurgeryResult:
     """Take ``intervals`` (None: all), commit ``build``'s rows in their place, give them back, record it.
 
-    ``before_commit`` gets the sequencers before the commit, ``before_audit`` the version before the
-    audit row (tests race and crash there); ``skip_delivery``: checkpointed productions not delivered;
-    ``input_sets`` maps the intervals' input-file sets under the leases to those that replace them in
-    the same commit (gc's pruning); ``timeline`` records each phase and the pause.
+    ``before_commit`` / ``before_audit``: test hooks; ``skip_delivery``: checkpointed productions not
+    delivered; ``input_sets``: the intervals' input-file sets -> those replacing them in the same commit.
 
     Raises:
         LeaseHeldError: ``no_wait`` and a live owner holds an interval, still held after ``wait_s``,
@@ -219,11 +215,7 @@ def _before(rows: Sequence[KeyRow], ups: Sequence[KeyRow],
 
 
 def refuse_live_owners(client: Any, *, pipeline: str, computation: str, intervals: Sequence[int]) -> None:
-    """``--no-wait``: refuse at once while a live owner holds one of ``intervals``.
-
-    Raises:
-        LeaseHeldError: naming the intervals and their owners; nothing was changed.
-    """
+    """``--no-wait``: refuse at once (LeaseHeldError) while a live owner holds one of ``intervals``."""
     live = {r["interval"]: r["owner"] for r in list_leases(client, pipeline=pipeline)
             if r["computation"] == computation and r["interval"] in intervals and r["owner"] is not None}
     if live:

@@ -1,7 +1,4 @@
-"""Where a tool's time goes: its phases in order, and the window in which the live stage is paused.
-
-The live stage is paused from its hand-over until the tool (``replace.py``) gives the intervals
-back; ``deltawheel promote --verbose`` prints each phase and which ran in that window.
+"""Where a tool's time goes: its phases in order, and the window the live stage is paused (hand-over to back).
 
 >>> from deltawheel.statestore.clock import ManualClock
 >>> clock = ManualClock(0)
@@ -56,8 +53,7 @@ class Opened:
 
 @dataclass
 class Timeline:
-    """The phases of one tool run (see the module docstring). ``say``: called with each phase's
-    line as it ends (None: nothing printed as it goes)."""
+    """The phases of one tool run; ``say``: called with each phase's line as it ends."""
 
     clock: Clock = field(default_factory=SystemClock)
     say: Callable[[str], None] | None = None

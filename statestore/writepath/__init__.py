@@ -1,7 +1,4 @@
-"""The write-path contract: how one computation's batches reach the rows table and the streams.
-
-What each method must guarantee: docs/write-paths.md, "The contract"; a new path passes
-``tests/test_writepath_contract.py``."""
+"""The write-path contract: how one computation's batches reach the rows table and the streams."""
 
 from __future__ import annotations
 
@@ -49,14 +46,11 @@ class WritePath(ABC, Generic[BatchT]):
 
     @abstractmethod
     def commit(self, batch: BatchT, *, commit_id: str, meta: Mapping[str, Any]) -> bool:
-        """Step 5: the batch's new rows in one fenced Delta transaction; returns whether anything landed.
-
-        ``commit_id`` and ``meta`` go into the commit's metadata."""
+        """Step 5: the batch's new rows in one fenced Delta transaction; returns whether anything landed."""
 
     @abstractmethod
     def deliver(self, batch: BatchT, *, strong: bool) -> int:
         """Step 6: give the batch's productions to their stream tables; returns how many.
-
         ``strong``: idempotent and never for a writer taken over since its commit; else a plain append."""
 
     @abstractmethod

@@ -1,5 +1,4 @@
-"""Idempotent writes of productions, dead letters and late records: an insert-only Delta MERGE keyed
-by record id, retried on a conflict."""
+"""Idempotent writes of productions, dead letters and late records: an insert-only MERGE by record id."""
 
 from __future__ import annotations
 
@@ -68,7 +67,6 @@ def deliver_frame(spark: Any, layout: StoreLayout, prods: Any, *, streams: Seque
 def deliver_productions(spark: Any, layout: StoreLayout, prods: Iterable[Production], *, producer: str,
                         commit_ids: Mapping[str, str | None] | None = None) -> int:
     """Deliver checkpointed productions (the recovery path); returns how many were given.
-
     ``commit_ids``: production id -> the id of the rows commit that checkpointed it."""
     ids = commit_ids or {}
     rows = [{**p.to_row(), "commit_id": ids.get(p.production_id)} for p in prods]

@@ -1,5 +1,4 @@
-"""Stream tables: one Delta table of delivered records per stream, ``<root>/streams/<name>``, whose
-name is also an SQL view name (:func:`check_stream_name`)."""
+"""Stream tables: one Delta table of delivered records per stream, ``<root>/streams/<name>``."""
 
 from __future__ import annotations
 
@@ -82,8 +81,7 @@ def ensure_stream_table(spark: Any, layout: StoreLayout, name: str) -> str:
     """Create the table of stream ``name`` if it doesn't exist yet (idempotent); return its path.
 
     Raises:
-        ConfigError: ``name`` cannot name a stream (:func:`check_stream_name`), or its table cannot
-            be made (e.g. a plain file sits where its folder belongs); the message says where.
+        ConfigError: ``name`` cannot name a stream, or its table cannot be made (the message says where).
     """
     check_stream_name(name)
     path = layout.stream(name)
@@ -108,9 +106,5 @@ def ensure_stream_table(spark: Any, layout: StoreLayout, name: str) -> str:
 
 
 def list_streams(spark: Any | None, layout: StoreLayout) -> list[str]:
-    """Names of the stream tables of the store, sorted (a local store's without Spark).
-
-    Raises:
-        ConfigError: a remote store and ``spark`` is ``None``.
-    """
+    """Names of the stream tables of the store, sorted (a local store's without Spark; else ConfigError)."""
     return tables_below(spark, layout.streams_root, what="streams")

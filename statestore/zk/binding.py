@@ -29,10 +29,7 @@ def bind_store(client: KazooClient, pipeline: str, *, table_id: str, root: str,
     """Record ``table_id`` as the store of ``pipeline``, or check that it is the one recorded.
 
     Returns True when this call recorded it; ``on_exists``: called before a found binding is read.
-
-    Raises:
-        StoreMismatchError: the pipeline's ZooKeeper state belongs to another store.
-    """
+    Raises StoreMismatchError: the pipeline's ZooKeeper state belongs to another store."""
     path = store_path(pipeline)
     payload = json.dumps({"format_version": BINDING_FORMAT_VERSION, "rows_table_id": table_id, "root": root},
                          sort_keys=True).encode()

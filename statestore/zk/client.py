@@ -24,10 +24,7 @@ _CONNECTION_RETRY: dict[str, Any] = {"max_tries": -1, "delay": 0.1, "backoff": 2
 
 def connect(cfg: ZkConfig, *, timeout_s: float = 15.0) -> KazooClient:
     """Return a started client whose paths are relative to ``cfg.chroot`` (created when missing).
-
-    Raises:
-        ZooKeeperServerError: no server answered within ``timeout_s``.
-    """
+    Raises ZooKeeperServerError: no server answered within ``timeout_s``."""
     client = KazooClient(hosts=cfg.hosts, timeout=cfg.session_timeout_s,
                          connection_retry=dict(_CONNECTION_RETRY),
                          auth_data=[("digest", cfg.digest)] if cfg.digest else None)

@@ -71,10 +71,7 @@ class LeaseGrant:
     @classmethod
     def from_payload(cls, data: bytes) -> LeaseGrant:
         """Decode :meth:`to_payload` output.
-
-        Raises:
-            CodecError: not a complete grant, or written by a newer deltawheel.
-        """
+        Raises CodecError: not a complete grant, or written by a newer deltawheel."""
         raw = decode_lease(data)
         if raw.get("format_version") != LEASE_FORMAT_VERSION:
             raise CodecError(f"lease payload has format_version {raw.get('format_version')!r}, this "
@@ -94,10 +91,7 @@ ZNODE_DAMAGED_HINT = ("; the znode was written by something other than deltawhee
 
 def decode_lease(data: bytes, what: str = "lease") -> dict[str, Any]:
     """The JSON object of an owner znode (any format version, pending or granted), or of ``what``'s.
-
-    Raises:
-        CodecError: not a JSON object.
-    """
+    Raises CodecError: not a JSON object."""
     try:
         raw = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:

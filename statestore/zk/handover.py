@@ -52,10 +52,7 @@ class HandoverRequest:
 def request_handover(client: KazooClient, *, pipeline: str, computation: str, intervals: Sequence[int],
                      tool: str, by: str) -> HandoverRequest:
     """Create the request (EPHEMERAL: it ends with ``client``'s session).
-
-    Raises:
-        LeaseHeldError: another tool's request for the computation is open; run one tool at a time.
-    """
+    Raises LeaseHeldError: another tool's request for the computation is open; run one tool at a time."""
     req = HandoverRequest(pipeline=pipeline, computation=computation, intervals=tuple(sorted(set(intervals))),
                           tool=tool, by=by, requested_ms=int(time.time() * 1000))
     path = handover_path(pipeline, computation)
@@ -72,10 +69,7 @@ def request_handover(client: KazooClient, *, pipeline: str, computation: str, in
 
 def read_handover(client: KazooClient, pipeline: str, computation: str) -> HandoverRequest | None:
     """The open request for ``computation`` (None: none).
-
-    Raises:
-        CodecError: the znode holds something else (or a newer format).
-    """
+    Raises CodecError: the znode holds something else (or a newer format)."""
     path = handover_path(pipeline, computation)
     try:
         data, _ = client.get(path)

@@ -21,10 +21,7 @@ _FOLDERS = ("/pipelines",)
 
 def read_zk_layout_version(client: KazooClient) -> int | None:
     """The stored layout version, or ``None`` when ``/layout`` does not exist yet.
-
-    Raises:
-        MigrationError: ``/layout`` exists but does not hold a layout version.
-    """
+    Raises MigrationError: ``/layout`` exists but does not hold a layout version."""
     if client.exists(LAYOUT_PATH) is None:
         return None
     data, _ = client.get(LAYOUT_PATH)
@@ -40,10 +37,7 @@ def read_zk_layout_version(client: KazooClient) -> int | None:
 
 def ensure_zk_layout(client: KazooClient) -> list[str]:
     """Create the layout znodes that are missing; return the paths it created.
-
-    Raises:
-        MigrationError: the stored layout is newer than :data:`ZK_LAYOUT_VERSION`, or unreadable.
-    """
+    Raises MigrationError: the stored layout is newer than :data:`ZK_LAYOUT_VERSION`, or unreadable."""
     created: list[str] = []
     stored = _check(read_zk_layout_version(client))
     for path in _FOLDERS:

@@ -25,10 +25,7 @@ def break_lease(client: KazooClient, *, pipeline: str, computation: str, interva
                 apply: bool = False) -> dict[str, Any]:
     """Take a lease away from its owner (dry run by default). Returns the plan: ``path``, ``held``,
     the ``owner``, ``sequencer``, ``session`` and ``version`` when held, ``applied``.
-
-    Raises:
-        LeaseHeldError: an ACL this client lacks protects it, or a grant is in progress.
-    """
+    Raises LeaseHeldError: an ACL this client lacks protects it, or a grant is in progress."""
     base = interval_path(validate_name("pipeline", pipeline), validate_name("computation", computation), interval)
     plan: dict[str, Any] = {"path": f"{base}/owner", "pipeline": pipeline, "computation": computation,
                             "interval": interval, "held": False, "applied": False}

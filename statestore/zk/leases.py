@@ -121,11 +121,8 @@ class LeaseManager:
 
     def acquire(self, computation: str, intervals: Iterable[int], *, wait_s: float = 0.0) -> dict[int, LeaseGrant]:
         """Acquire every interval, or none, in ascending order (no deadlock); ``wait_s``: for a release.
-
-        Raises:
-            LeaseHeldError: an interval is still held by another owner after ``wait_s``.
-            LeaseSuspendedError: the ZooKeeper connection is suspended.
-        """
+        Raises LeaseHeldError (an interval still held by another owner after ``wait_s``) or
+        LeaseSuspendedError (the connection is suspended)."""
         validate_name("computation", computation)
         wanted = sorted(set(intervals))
         for i in wanted:
@@ -210,12 +207,9 @@ class LeaseManager:
             return {i: h.grant for i, h in self._held.get(computation, {}).items()}
 
     def check_valid(self, computation: str, interval: int) -> None:
-        """Fast local check before a commit (no ZooKeeper round trip).
-
-        Raises:
-            LeaseLostError: the lease is not held (lost, broken, released or never acquired).
-            LeaseSuspendedError: the connection is suspended or ownership is being re-verified.
-        """
+        """Fast local check before a commit (no ZooKeeper round trip). Raises LeaseLostError: the lease is
+        not held (lost, broken, released or never acquired); LeaseSuspendedError: the connection is
+        suspended or ownership is being re-verified."""
         with self._lock:
             if self._closed:
                 raise LeaseLostError("this LeaseManager is closed; create a new one")
@@ -273,11 +267,7 @@ class LeaseManager:
 
     def renew(self, computation: str | None = None) -> None:
         """Verify with ZooKeeper that every held lease (of ``computation``, or all) is still ours.
-
-        Raises:
-            LeaseLostError: a lease is gone or belongs to someone else (it is dropped).
-            LeaseSuspendedError: the connection is suspended.
-        """
+        Raises LeaseLostError (a lease is gone or someone else's: it is dropped) or LeaseSuspendedError."""
         self._check_open()
         with self._lock:
             items = [h for c, per in self._held.items() if computation in (None, c) for h in per.values()]
@@ -310,10 +300,7 @@ class LeaseManager:
 
     def release(self, computation: str | None = None, intervals: Iterable[int] | None = None) -> None:
         """Give up leases (all, one computation's, or some intervals); only znodes still ours are deleted.
-
-        Raises:
-            LeaseSuspendedError: the connection dropped mid-way (the rest stay held; retry).
-        """
+        Raises LeaseSuspendedError: the connection dropped mid-way (the rest stay held; retry)."""
         wanted = None if intervals is None else set(intervals)
         with self._lock:
             targets = [h for c, per in self._held.items() if computation in (None, c)

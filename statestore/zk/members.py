@@ -70,10 +70,7 @@ def request_move(client: KazooClient, pipeline: str, computation: str,
 
 def read_move(client: KazooClient, pipeline: str, computation: str) -> dict[str, tuple[int, ...]] | None:
     """The move request for ``computation`` (None: none).
-
-    Raises:
-        CodecError: the znode holds something else (or a newer format).
-    """
+    Raises CodecError: the znode holds something else (or a newer format)."""
     try:
         data, _ = client.get(_move(pipeline, computation))
     except NoNodeError:
@@ -149,12 +146,10 @@ class Membership:
 
 def parse_assign(items: list[str]) -> dict[str, tuple[int, ...]]:
     """``["a=0,1", "b=2-4"]`` -> ``{"a": (0, 1), "b": (2, 3, 4)}``.
+    Raises ConfigError: an item that is not ``INSTANCE=I[,J-K...]``, or an interval named twice.
 
     >>> parse_assign(["a=0,1", "b=2-4"])
     {'a': (0, 1), 'b': (2, 3, 4)}
-
-    Raises:
-        ConfigError: an item that is not ``INSTANCE=I[,J-K...]``, or an interval named twice.
     """
     out: dict[str, tuple[int, ...]] = {}
     seen: set[int] = set()

@@ -76,10 +76,7 @@ def _ensemble_zxid(hosts: str) -> int | None:
 def check_refused(client: KazooClient, *, paused_s: float, what: str, pipeline: str, final: bool = False) -> None:
     """Raise when the ensemble of a paused ``client`` lost its data: probes once paused past the
     session timeout plus :data:`PROBE_MARGIN_S` (or ``final``), at most every :data:`PROBE_EVERY_S`.
-
-    Raises:
-        CoordinatorStateLostError: the ensemble is behind the last transaction this client saw.
-    """
+    Raises CoordinatorStateLostError: the ensemble is behind the last transaction this client saw."""
     with _LOCK:
         state = _STATE.setdefault(client, _Probing())
         if client.state == KazooState.CONNECTED:

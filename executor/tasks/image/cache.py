@@ -191,7 +191,6 @@ def trace(event: dict[str, Any], *, traced: str | None) -> None:
         f.write(json.dumps(event) + "\n")
 
 
-# the worker's images, bounded by bytes and evicted window-aware
 _IMAGES = ImageCache(max_bytes_from_env())
 _TRACED = os.environ.get(TRACE_ENV) or None  # record the lookups (``deltawheel bench cache --trace``)
 

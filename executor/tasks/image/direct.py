@@ -69,8 +69,6 @@ class DirectBatch:
 
 def batch_files(df: Any, source: DirectSource, *, batch_id: int | None = None) -> tuple[tuple[str, str], ...] | None:
     """The files a ``foreachBatch`` frame of ``source``'s stream reads, each whole, or None (JVM path)."""
-    import pyarrow as pa
-
     if source.table is not None:
         return _table_files(source, batch_id)
     try:
@@ -94,28 +92,16 @@ def batch_files(df: Any, source: DirectSource, *, batch_id: int | None = None) -
                 spans.setdefault(f.filePath().toString(), []).append((int(f.start()), int(f.length())))
     except Exception:
         return None
-    want = dict(source.types)
     out = []
     for uri, parts_read in sorted(spans.items()):
         local = local_path(uri)
         path = urllib.parse.unquote(local if local is not None else uri)
-        file = _file(path, source.s3)
-        if file is None:
-            return None
-        try:
-            size = file.size()
-            schema = file.read_schema("")
-        except (OSError, pa.ArrowException):
-            return None
         end = 0
         for start, length in sorted(parts_read):
             if start != end:
                 return None
             end = start + length
-        if end != size:
-            return None
-        got = {f.name: f.type for f in schema}
-        if any(c not in got or _plain(got[c]) != t for c, t in want.items()):
+        if not _fits(_file(path, source.s3), source, end):
             return None
         out.append((path, uri.rsplit("/", 1)[-1]))
     return tuple(out)
@@ -125,27 +111,32 @@ def _table_files(source: DirectSource, batch_id: int | None) -> tuple[tuple[str,
     """The data files of ``source``'s table micro-batch ``batch_id`` read (None: not known here)."""
     import os
 
-    import pyarrow as pa
-
     assert source.table is not None and source.checkpoint is not None
     adds = None if batch_id is None else batch_adds(source.checkpoint, batch_id, source.table)
     if adds is None:
         return None
-    want = dict(source.types)
     out = []
     for add in adds:
         path = os.path.join(source.table, urllib.parse.unquote(add["path"]))
-        file = _file(path, None)
-        if file is None:
-            return None
-        try:
-            got = {f.name: _plain(f.type) for f in file.read_schema("")}
-        except (OSError, pa.ArrowException):
-            return None
-        if any(got.get(c) != t for c, t in want.items()):
+        if not _fits(_file(path, None), source):
             return None
         out.append((path, add_file_name(add)))
     return tuple(out)
+
+
+def _fits(file: TableFiles | None, source: DirectSource, size: int | None = None) -> bool:
+    """``file`` reads, with ``source``'s columns of their types (and ``size`` bytes, when given)."""
+    import pyarrow as pa
+
+    if file is None:
+        return False
+    try:
+        if size is not None and file.size() != size:
+            return False
+        got = {f.name: _plain(f.type) for f in file.read_schema("")}
+    except (OSError, pa.ArrowException):
+        return False
+    return all(got.get(c) == t for c, t in source.types)
 
 
 def table_source(stream: str, table: str, *, checkpoint: str) -> DirectSource | None:
@@ -203,7 +194,6 @@ def direct_source(name: str, arrow_schema: Any, *, key_column: str | None, event
     return DirectSource(stream=name, key_column=key_column, event_time_column=event_time_column,
                         record_id_column=record_id_column, types=tuple((c, _plain(fields[c])) for c in cols),
                         value_columns=values, s3=s3)
-
 
 
 class BatchReader:
@@ -309,11 +299,7 @@ class _Keyed:
 
     def rows_of(self, intervals: Sequence[int], num_intervals: int) -> Any:
         """The row numbers (numpy int64, ascending) whose key falls in ``intervals``."""
-        import numpy as np
-
-        wanted = np.zeros(num_intervals, dtype=bool)
-        wanted[[i for i in intervals if 0 <= i < num_intervals]] = True
-        return np.flatnonzero(wanted[self.ivs_of][self.codes]) if len(self.ivs_of) else np.zeros(0, np.int64)
+        return rows_in(self.ivs_of[self.codes], intervals, num_intervals)
 
     def key(self, codes: Any) -> Any:
         import pyarrow as pa
@@ -327,6 +313,15 @@ class _Keyed:
         bad_of = self.bad_of
         assert bad_of is not None
         return [bad_of[c] for c in codes.tolist()]
+
+
+def rows_in(ivs: Any, intervals: Sequence[int], num_intervals: int) -> Any:
+    """The row numbers (numpy int64, ascending) whose interval in ``ivs`` is one of ``intervals``."""
+    import numpy as np
+
+    wanted = np.zeros(num_intervals, dtype=bool)
+    wanted[[i for i in intervals if 0 <= i < num_intervals]] = True
+    return np.flatnonzero(wanted[ivs]) if len(ivs) else np.zeros(0, np.int64)
 
 
 def _keyed(batch: DirectBatch, t: Any) -> _Keyed:

@@ -52,8 +52,7 @@ class _Open:
     image: Any  # its state image, the ids an older image held in its rows taken out
     read: bool  # read from the store (this worker held no copy)
     legacy: Any  # those ids (key / record_id / seen_ms), moved to an ids file at the next write
-    ids_files: list[IdsFile]  # its live ids files
-    gone: list[IdsFile]  # those past the dedup horizon: dropped whole
+    gone: list[IdsFile]  # its ids files past the dedup horizon: dropped whole
     live: list[IdsFile]  # the others
     dirty: bool  # a takeover's claim left a second fence row: the image is rewritten with one
     routed: list[SideRecord] = field(default_factory=list)  # late records routed to the late-data table
@@ -129,8 +128,8 @@ def _open(spec: ImageSpec, iv: int) -> _Open | Fenced:
     if isinstance(fenced, Fenced):
         return fenced
     image, dirty = fenced
-    return _Open(image=image, read=read, legacy=legacy, ids_files=ids_files, gone=gone,
-                 live=[f for f in ids_files if f not in gone], dirty=dirty)
+    return _Open(image=image, read=read, legacy=legacy, gone=gone, live=[f for f in ids_files if f not in gone],
+                 dirty=dirty)
 
 
 def _fence(spec: ImageSpec, iv: int, image: Any) -> tuple[Any, bool] | Fenced:

@@ -141,11 +141,8 @@ class ImageTasks:
 
     def _kafka_batch(self, direct: DirectSource, read: KafkaRead, batch_id: int | None, *, late_before: int | None,
                      now: int, ahead: tuple[int, int] | None) -> DirectBatch | None:
-        """A Kafka batch's offset ranges for the tasks, its statistics in ``kafka_stats`` (None: the JVM path).
-
-        Raises:
-            KafkaDataLossError: records of the batch are gone and the injector fails on data loss.
-        """
+        """A Kafka batch's offset ranges for the tasks, its statistics in ``kafka_stats`` (None: the JVM
+        path); KafkaDataLossError: records of the batch are gone and the injector fails on data loss."""
         ranges = batch_ranges(read, batch_id)
         if ranges is None or sum(hi - lo for _p, lo, hi in ranges) > MAX_DIRECT_RECORDS:
             return None

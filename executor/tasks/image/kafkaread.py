@@ -1,10 +1,8 @@
 """The direct read of a Kafka injector: a batch's offset ranges read with confluent-kafka, prepared as the JVM does.
 
-The offsets stay Spark's: the driver takes a micro-batch's ranges from the query's offset log
-(``sourceoffsets.kafka_ranges``), reads them once for the batch's statistics and to check that
-every record is one this module prepares exactly as Spark's ``from_json`` would (else the batch
-takes the JVM path), and each image task reads the same ranges and keeps its intervals' rows.
-docs/embedding.md, "Direct read"."""
+The offsets stay Spark's (its offset log); the driver reads a batch once for its statistics and to
+check each record parses exactly as Spark's ``from_json`` would (else the JVM path); each image task
+reads the same ranges and keeps its intervals' rows. docs/embedding.md, "Direct read"."""
 
 from __future__ import annotations
 
@@ -96,12 +94,9 @@ def _lost(read: KafkaRead, p: int, lo: int, hi: int, low: int) -> str:
 
 def read_ranges(read: KafkaRead, ranges: Sequence[tuple[int, int, int]], *,
                 timeout_s: float = READ_TIMEOUT_S) -> KafkaRecords:
-    """The records of ``ranges`` (``(partition, from, until)``, until exclusive), exactly those.
-
-    Raises:
-        KafkaDataLossError: records of a range are gone and the injector fails on data loss.
-        KafkaException: the broker cannot be read within ``timeout_s``.
-    """
+    """The records of ``ranges`` (``(partition, from, until)``, until exclusive), exactly those;
+    KafkaDataLossError: records of a range are gone and the injector fails on data loss;
+    KafkaException: the broker cannot be read within ``timeout_s``."""
     with _CONSUMERS_LOCK:
         try:
             return _read(read, ranges, timeout_s)
@@ -256,11 +251,8 @@ class Prepared:
 
 
 def prepare_records(read: KafkaRead, stream: str, recs: KafkaRecords) -> Prepared:
-    """The records as ``KafkaInjector._prepare`` gives them (the JVM path's stream schema).
-
-    Raises:
-        Uncertain: a record whose parse by Spark this module cannot be sure of.
-    """
+    """The records as ``KafkaInjector._prepare`` gives them (the JVM path's stream schema); Uncertain: a
+    record whose parse by Spark this module cannot be sure of."""
     out = Prepared([], [], [], [], [], [], [], [])
     values = read.value_columns
     for p, o, kts, k, v in zip(recs.partition, recs.offset, recs.timestamp_ms, recs.key, recs.value, strict=True):
@@ -338,12 +330,10 @@ class KafkaRows:
         import numpy as np
         import pyarrow as pa
 
-        from .direct import _checks, _repeat, _table, marker_rows
+        from .direct import _checks, _repeat, _table, marker_rows, rows_in
 
         prep, (ivs, bad_of) = self._prepared()
-        wanted = np.zeros(self.batch.num_intervals, dtype=bool)
-        wanted[[i for i in intervals if 0 <= i < self.batch.num_intervals]] = True
-        rows = np.flatnonzero(wanted[ivs]) if len(ivs) else np.zeros(0, np.int64)
+        rows = rows_in(ivs, intervals, self.batch.num_intervals)
         pick = rows.tolist()
         m = len(pick)
         ts_list = [prep.timestamp_ms[i] for i in pick]

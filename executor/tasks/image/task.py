@@ -121,8 +121,8 @@ def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
 
 
 def run_task(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
-    """:func:`run_intervals` without cyclic garbage collection (and captured or profiled when asked)."""
-    # no cyclic garbage collection while the task runs (15-35 % of its time otherwise)
+    """:func:`run_intervals` without cyclic garbage collection (a large share of a task's time otherwise),
+    captured or profiled when asked."""
     folder = capture_folder()  # DELTAWHEEL_TASK_CAPTURE: the task's spec and input, to replay it
     if folder:
         capture(folder, spec, table)

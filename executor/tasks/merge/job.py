@@ -71,8 +71,7 @@ class MergeTasks:
 
     def prepare(self, df: Any | None, *, wm_late: int | None, now: int, batch_id: int | None = None,
                 direct: Any = None) -> Prepared:
-        """The input of the owned intervals, materialized; its input-level dead letters apart
-        (the MERGE path's tasks never read the input files themselves: ``direct`` is not used)."""
+        """The owned intervals' input, materialized, its dead letters apart (``direct`` is not used)."""
         from pyspark.sql import functions as F
 
         if df is None:

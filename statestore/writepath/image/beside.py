@@ -9,9 +9,7 @@ __all__ = ["Beside"]
 
 
 class Beside:
-    """``fn`` in a thread started by :meth:`chain`'s callback; :meth:`join` waits for it.
-
-    ``fn`` runs once however many join; each join raises what it raised."""
+    """``fn`` run once in a thread started by :meth:`chain`'s callback; each :meth:`join` raises its error."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self._fn = fn

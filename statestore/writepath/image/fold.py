@@ -1,6 +1,5 @@
-"""Folding intervals' files with Delta deletion vectors into one plain Parquet file each, same rows.
-
-Read through Spark's Delta reader (``REORG ... APPLY (PURGE)`` fails on this Spark/Delta pair)."""
+"""Folding intervals' files with Delta deletion vectors into one plain Parquet file each, same rows
+(read through Spark's Delta reader: ``REORG ... APPLY (PURGE)`` fails on this Spark/Delta pair)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""An interval's record ids apart from its state: one small ids file per batch (image path).
-
-Workers cache the immutable files by path. Layout and levels: docs/tables.md, "The rows table"."""
+"""An interval's record ids apart from its state: one small ids file per batch (image path)."""
 
 from __future__ import annotations
 
@@ -151,8 +149,7 @@ def pick_ids(files: Sequence[IdsFile], ids: Any, hashes: Any, legacy: Any = None
 
 
 def split_legacy(image: Any, *, inline: bool) -> tuple[Any, Any]:
-    """(``image`` without ids rows, and with empty ``record_ids`` when ``inline``; the ids taken out);
-    ``image`` itself when it holds none."""
+    """(``image`` without ids rows, and with empty ``record_ids`` when ``inline``; the ids taken out)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -185,9 +182,7 @@ def emptied(t: Any, column: str) -> Any:
 
 
 def plan_compaction(live: Sequence[IdsFile], *, now_ms: int, retention_ms: int) -> tuple[int, list[IdsFile]]:
-    """(the level of the batch's new ids file, the live files it takes in).
-
-    Levels merge while :data:`FAN_IN` files of one level fall in the current time bucket."""
+    """(the level of the batch's new ids file, the live files it takes in), by :data:`FAN_IN` per bucket."""
     bucket_ms = max(retention_ms // BUCKETS_PER_HORIZON, 1)
     cur = now_ms // bucket_ms
     level = 0

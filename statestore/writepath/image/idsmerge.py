@@ -1,5 +1,4 @@
-"""A batch's ids files (:func:`write_batch_ids`) and their compaction prepared in the background
-(:func:`prepare`, :func:`take`; docs/tables.md, "The rows table", ids files)."""
+"""A batch's ids files (:func:`write_batch_ids`) and their compaction prepared in the background."""
 
 from __future__ import annotations
 
@@ -91,9 +90,7 @@ def take(computation: str, interval: int, taken: Sequence[IdsFile], *, level: in
 
 def write_batch_ids(batch: IdsBatch, fresh: Any | None, legacy: Any, live: list[IdsFile], retention_ms: int | None,
                     fresh_hashes: Any = None) -> tuple[list[tuple[ImageFile, IdsFile]], list[IdsFile]]:
-    """Write the batch's ids file (with those an older image or a compaction hands over).
-
-    Returns (the files written, the live files it leaves)."""
+    """Write the batch's ids file (with those handed over); (the files written, the live files left)."""
     import numpy as np
     import pyarrow as pa
 

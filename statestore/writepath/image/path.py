@@ -1,6 +1,4 @@
-"""The image write path: whole interval partitions replaced, one Delta transaction per batch.
-
-docs/write-paths.md; why: docs/performance.md, "Write path: interval images"."""
+"""The image write path: whole interval partitions replaced, one Delta transaction per batch."""
 
 from __future__ import annotations
 
@@ -47,13 +45,9 @@ class ImagePath(WritePath[BatchOutput]):
 
     def __init__(self, spark: Any, layout: StoreLayout, owner: IntervalOwner, *, name: str, outputs: Sequence[str],
                  retention_ms: int | None) -> None:
-        self.spark = spark
-        self.layout = layout
+        self.spark, self.layout, self.owner, self.name = spark, layout, owner, name
+        self.outputs, self.retention_ms = tuple(outputs), retention_ms
         self._stream_files: dict[str, TableFiles] = {}
-        self.owner = owner
-        self.name = name
-        self.outputs = tuple(outputs)
-        self.retention_ms = retention_ms
         self.files: dict[int, list[FileEntry]] = {}
         self.version = -1
         self._streams: dict[str, TableLog] = {}
@@ -158,9 +152,8 @@ class ImagePath(WritePath[BatchOutput]):
         """:func:`.recovery.scan` less the strong deliveries that landed; StaleSequencerError if fenced."""
         out, checkpoints = scan(self.rows_files, self.files, name=self.name, sequencers=self.owner.sequencers,
                                 retention_ms=self.retention_ms)
-        # A stream records per interval the rows version whose productions it delivered; a held row's
-        # checkpointing commit is at or before its file's add ``version`` (an upper bound, rewrites
-        # re-add). Delivered once the stream reached that bound; else look the commit up by id (resolve).
+        # a held row's checkpointing commit is at or before its file's add ``version``: delivered once
+        # the stream recorded that version for the interval; else look the commit up by id (resolve)
         for stream in sorted({c.stream for c in checkpoints if c.version is not None}):
             self._read_delivered(stream, [self._app(c.interval) for c in checkpoints
                                           if c.stream == stream and c.version is not None])
@@ -292,10 +285,9 @@ class ImagePath(WritePath[BatchOutput]):
     def _deliver_strong(self, stream: str, log: TableLog, files: dict[str, list[str]], version: int) -> None:
         """Append once per (app id, version), unless this writer was taken over since ``version``.
 
-        A zombie may still deliver a commit the new owner redelivers, so the append records the whole
-        stream as read and, once its snapshot is taken, raises on a claim or fence committed after
-        ``version`` and reads the versions again (a delivery between the earlier read and the
-        snapshot is invisible to Delta's conflict check)."""
+        A zombie may still deliver a commit the new owner redelivers, so the append reads the whole stream
+        and, once its snapshot is taken, checks for a newer claim or fence and reads the versions again
+        (a delivery between the earlier read and the snapshot is invisible to Delta's conflict check)."""
         for attempt in itertools.count(1):
             self._read_delivered(stream, list(files))  # read once (one replay for all app ids), then remembered
             todo = {app: adds for app, adds in files.items() if self._delivered[(stream, app)] < version}

@@ -1,6 +1,4 @@
-"""The image path's recovery scan: what the interval images still hold to do and to deliver.
-
-A checkpoint not yet delivered goes as its commit's own delivery (:func:`resolve`) or by MERGE."""
+"""The image path's recovery scan: what the interval images still hold to do and to deliver."""
 
 from __future__ import annotations
 
@@ -41,10 +39,8 @@ class Recovery:
 
 def scan(root: TableFiles, files: Mapping[int, Sequence[FileEntry]], *, name: str, sequencers: Mapping[int, int],
          retention_ms: int | None) -> tuple[Recovery, list[Checkpoint]]:
-    """The recovery scan of the images ``files``, with every checkpoint they hold (see :func:`resolve`).
-
-    Raises:
-        StaleSequencerError: an image's fence row carries a newer sequencer (checked first)."""
+    """The recovery scan of the images ``files``, with every checkpoint they hold (see :func:`resolve`);
+    StaleSequencerError: an image's fence row carries a newer sequencer (checked first)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -88,10 +84,9 @@ def scan(root: TableFiles, files: Mapping[int, Sequence[FileEntry]], *, name: st
 
 
 def resolve(rows_files: TableFiles, c: Checkpoint, delivered: int, *, name: str) -> bool | None:
-    """Whether checkpoint ``c`` is still to deliver: None (delivered), True (as its commit's own
-    delivery; ``c.version`` becomes that commit's) or False (by insert-only MERGE). Its commit is looked
-    up by id in the log between the stream's version and the bound; absent while every commit there is
-    means delivered (a later commit clears earlier checkpoints)."""
+    """Whether checkpoint ``c`` is still to deliver: None (delivered), True (as its commit's own delivery;
+    ``c.version`` becomes that commit's) or False (by insert-only MERGE). Its commit absent from a complete
+    log between the stream's version and the bound means delivered (a later commit clears checkpoints)."""
     if c.version is None or c.commit_id is None:
         return False
     present = set(json_commit_versions(rows_files) or ())

@@ -1,5 +1,4 @@
-"""What the image path's tasks hand to the driver: one summary per interval they ran, as Arrow rows
-of :data:`SUMMARY_DDL`; one that is :class:`Fenced` makes the driver raise ``StaleViewError``."""
+"""What the image path's tasks hand to the driver: one summary per interval they ran (:data:`SUMMARY_DDL`)."""
 
 from __future__ import annotations
 
@@ -107,9 +106,8 @@ _OPTIONAL = ("oldest_ms", "next_proc_ms", "obs_min", "obs_max")  # None: not kno
 
 @dataclass(frozen=True, kw_only=True)
 class IntervalSummary:
-    """What a task did with one interval (``interval`` None: a task that ran none; its input counts);
-    ``image`` None: unchanged; ``ids_merged``: a background compaction's file (:mod:`.idsmerge`). A
-    task's input counts (``records_in``, ``obs_min`` / ``obs_max``) ride on its first summary."""
+    """What a task did with one interval (``interval`` None: a task that ran none); ``image`` None:
+    unchanged. A task's input counts (``records_in``, ``obs_min`` / ``obs_max``) ride on its first summary."""
 
     interval: int | None
     image: ImageFile | None = None

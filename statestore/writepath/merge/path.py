@@ -39,20 +39,13 @@ class MergePath(WritePath[MergeBatch]):
 
     def __init__(self, spark: Any, layout: StoreLayout, owner: IntervalOwner, *, name: str,
                  outputs: Sequence[str], track_oldest: bool, dedup: bool = True) -> None:
-        self.spark = spark
-        self.layout = layout
-        self.owner = owner
-        self.name = name
-        self.outputs = tuple(outputs)
-        self.track_oldest = track_oldest
-        self.dedup = dedup
+        self.spark, self.layout, self.owner, self.name = spark, layout, owner, name
+        self.outputs, self.track_oldest, self.dedup = tuple(outputs), track_oldest, dedup
         self._oldest: dict[int, dict[str, int]] = {}  # per interval: key -> its oldest work
 
     def acquire(self, intervals: Sequence[int] | None, *, wait_s: float = 0.0) -> Recovered:
-        """:meth:`WritePath.acquire`: fence with a MERGE, recover and redeliver by insert-if-absent.
-
-        Raises:
-            WritePathSwitchError: the computation deduplicates and an owned interval holds ids files."""
+        """:meth:`WritePath.acquire`: fence with a MERGE, recover and redeliver by insert-if-absent;
+        WritePathSwitchError: the computation deduplicates and an owned interval holds ids files."""
         rec = self.owner.acquire(intervals, wait_s=wait_s)
         if self.dedup:
             self._refuse_ids_files()

@@ -64,10 +64,8 @@ class WatermarkAuthority:
                 replace: bool = False) -> Topology:
         """Record a computation's inputs (``'computation:NAME'`` / ``'injector:NAME'``) and interval count;
         idempotent, ``replace`` overwrites a different earlier declaration.
-
-        Raises:
-            ConfigError: bad names or count, a self-loop, or a different declaration without ``replace``.
-        """
+        Raises ConfigError: bad names or count, a self-loop, or a different declaration without
+        ``replace``."""
         topo = declared(computation, upstream=upstream, num_intervals=num_intervals)
         self._rounds.cas(self._znodes.topology(computation), f"declaring {self.pipeline}/{computation}",
                          declare_update(computation, topo, replace=replace))
@@ -92,10 +90,7 @@ class WatermarkAuthority:
     def low_watermark(self, computation: str, *, topology: Topology | None = None) -> int | None:
         """The low watermark as MillWheel computes it (``reading.py``), maybe below the published one;
         ``None``: not known yet, :data:`.low.END_OF_TIME`: all done. ``topology``: as the caller just read it.
-
-        Raises:
-            ConfigError: not declared, or the topology has a cycle.
-        """
+        Raises ConfigError: not declared, or the topology has a cycle."""
         return self._reader.low_watermark(computation, topology=topology)
 
     def watermark_lag_ms(self, computation: str) -> int | None:
@@ -162,12 +157,8 @@ class WatermarkAuthority:
 
     def publish_injector(self, injector: str, watermark_ms: int, *, sequencer: int = 0) -> int:
         """Publish a source's low watermark estimate (:data:`.low.END_OF_TIME`: finished); never backwards.
-        Returns the stored watermark: ``watermark_ms``, or the larger one already stored.
-
-        Raises:
-            StaleSequencerError: the stored value was published with a newer sequencer.
-            CodecError: ``watermark_ms`` is not epoch milliseconds.
-        """
+        Returns the stored watermark: ``watermark_ms``, or the larger one already stored. Raises
+        StaleSequencerError (stored under a newer sequencer) or CodecError (not epoch milliseconds)."""
         check_ms("watermark_ms", watermark_ms, optional=False)
         what = f"publishing the watermark of injector {self.pipeline}/{injector}"
         stored: list[int] = []
@@ -185,11 +176,7 @@ class WatermarkAuthority:
                                   held: Mapping[str, Mapping[int, int]] | None = None) -> int | None:
         """Publish one job instance's estimate of a source with the intervals it ``held`` (computation ->
         interval -> lease sequencer); returns the injector's stored watermark (``None``: still unknown).
-
-        Raises:
-            StaleSequencerError, CodecError: as :meth:`publish_injector`.
-            ConfigError: a bad instance name.
-        """
+        Raises as :meth:`publish_injector`, and ConfigError for a bad instance name."""
         low = self._instances.publish(injector, instance, watermark_ms, sequencer=sequencer, held=held)
         if low is None:
             return self.injector_watermark(injector)

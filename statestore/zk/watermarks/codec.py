@@ -85,11 +85,7 @@ def encode(fields: Raw) -> bytes:
 
 
 def decode(data: bytes, what: str) -> Raw:
-    """The fields of a payload.
-
-    Raises:
-        CodecError: not a JSON object, or another format version.
-    """
+    """The fields of a payload. Raises CodecError: not a JSON object, or another format version."""
     raw = decode_lease(data, what)
     if raw.get("format_version") != WATERMARK_FORMAT_VERSION:
         raise CodecError(f"{what} payload has format_version {raw.get('format_version')!r}, this "

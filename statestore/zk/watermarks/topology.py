@@ -19,12 +19,10 @@ _KINDS = ("computation", "injector")
 
 def parse_upstream(text: str) -> tuple[str, str]:
     """Split ``'computation:NAME'`` / ``'injector:NAME'`` into (kind, name).
+    Raises ConfigError: no known prefix, or an invalid name.
 
     >>> parse_upstream("injector:clicks")
     ('injector', 'clicks')
-
-    Raises:
-        ConfigError: no known prefix, or an invalid name.
     """
     kind, sep, name = text.partition(":")
     if not sep or kind not in _KINDS:
@@ -50,11 +48,7 @@ class Topology:
 
     @classmethod
     def from_payload(cls, data: bytes) -> Topology:
-        """Decode :meth:`to_payload` output.
-
-        Raises:
-            CodecError: damaged, or written by a newer deltawheel.
-        """
+        """Decode :meth:`to_payload` output. Raises CodecError: damaged, or written by a newer deltawheel."""
         raw = decode(data, "topology")
         try:
             return cls(tuple(str(u) for u in raw["upstream"]), int(raw["num_intervals"]))
@@ -64,12 +58,10 @@ class Topology:
 
 def declared(computation: str, *, upstream: Sequence[str], num_intervals: int) -> Topology:
     """The topology a declaration asks for: upstream names parsed, repeats dropped (first kept).
+    Raises ConfigError: bad names or count, or a self-loop.
 
     >>> declared("c", upstream=["injector:a", "injector:a"], num_intervals=2)
     Topology(upstream=('injector:a',), num_intervals=2)
-
-    Raises:
-        ConfigError: bad names or count, or a self-loop.
     """
     if not 1 <= num_intervals <= MAX_INTERVAL + 1:
         raise ConfigError(f"num_intervals of {computation} must be 1..{MAX_INTERVAL + 1}, got {num_intervals}")

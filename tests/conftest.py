@@ -28,6 +28,18 @@ SHORT_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_JVM)
 
 
+# The longest files first: pytest-xdist hands whole files (--dist loadfile) to its workers in the
+# order collected, so a long file collected last would leave one worker running it alone at the end.
+LONGEST_FIRST = ("test_chaos.py", "test_executor.py", "test_migrations.py", "test_sources.py", "test_direct.py",
+                 "test_replay_shared.py", "test_windowing_settings.py", "test_status_report.py", "test_rescale.py",
+                 "test_s3_logstore.py", "test_gc_sharded.py", "test_gc.py", "test_gc_complete.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    first = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable: the rest keep their order
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -371,6 +371,7 @@ def test_an_unknown_fault_kind_is_refused_naming_the_kinds_and_starts_nothing(tm
     assert not (tmp_path / "chaos").exists()
 
 
+@pytest.mark.slow  # a whole harness started to be killed; test_process_watchdog covers the watchdog by default
 @pytest.mark.zk
 def test_a_chaos_run_killed_by_sigkill_leaves_no_process_behind(tmp_path: Path) -> None:
     """A test's timeout SIGKILLs ``deltawheel chaos``: its drivers (each in a session of its own),

@@ -55,6 +55,12 @@ class StoreLayout:
         """The folder holding one rows table per computation."""
         return f"{self.root}/computations"
 
+    @property
+    def computations_made(self) -> str:
+        """The folder recording each computation whose rows table the store made (outside
+        :attr:`computations_root`, so that losing a table does not lose its record)."""
+        return f"{self.root}/_computations"
+
     def rows_of(self, computation: str) -> str:
         """The rows table of ``computation``: one row per key (checked as a SQL identifier)."""
         return f"{self.computations_root}/{validate_name('computation', computation)}/rows"

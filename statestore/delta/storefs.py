@@ -148,6 +148,15 @@ class TableFiles:
         except FileNotFoundError:
             return None
 
+    def write_text(self, rel: str, text: str) -> None:
+        """Write a small text file (its local folder made as needed)."""
+        if self.s3 is None:
+            os.makedirs(os.path.dirname(self.path(rel)), exist_ok=True)
+            with open(self.path(rel), "w", encoding="utf-8") as fh:
+                fh.write(text)
+        else:
+            _put(self.fs, self.path(rel), text.encode("utf-8"))
+
     def _source(self, rel: str) -> Any:
         if self.s3 is None:
             return self.path(rel)

@@ -1,5 +1,6 @@
 """One rows table per computation, ``<root>/computations/<name>/rows``: made on a computation's first
-fenced commit with the schema, properties and protocol of the store's first rows table, and listed for
+fenced commit with the schema, properties and protocol of the store's first rows table, recorded in
+``<root>/_computations/<name>`` (a table lost later is refused, not made again empty), and listed for
 the readers of every computation (docs/tables.md, "The rows tables")."""
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from ..comments import comment_table
 from ..delta.create import create_local_table, tables_below
 from ..delta.jvm import jsession, jvm
 from ..delta.log import local_path, local_table_exists
-from ..delta.storefs import table_files
-from ..exceptions import ConfigError, DeltaWheelError
+from ..delta.storefs import TableFiles, table_files
+from ..exceptions import ConfigError, DeltaWheelError, StoreDamagedError
 from ..layout import StoreLayout, validate_name
 from ..sqltext import sql_path, sql_str
 from .rows import rows_schema_ddl
@@ -75,12 +76,21 @@ def ensure_rows_table(spark: Any, layout: StoreLayout, computation: str) -> str:
     path = layout.rows_of(computation)
     if path in _made:
         return path
+    made = table_files(spark, layout.computations_made)
     try:
         if local_table_exists(table_files(spark, path) or path):
+            _record(made, computation)  # a table made before the records were kept
             with _lock:
                 _made.add(path)
             return path
+        if made is not None and made.read_text(computation) is not None:
+            raise StoreDamagedError(
+                f"the rows table of computation {computation!r} is gone from {path}, though this store made "
+                f"it ({made.path(computation)} records it): its state, timers and dedup ids went with it. "
+                "Restore the store's computations folder from a backup; deltawheel does not start a computation "
+                "again from empty state (to start one afresh, give it a new name)")
         _create(spark, layout, path)
+        _record(made, computation)
     except DeltaWheelError:
         raise
     except Exception as exc:
@@ -93,6 +103,12 @@ def ensure_rows_table(spark: Any, layout: StoreLayout, computation: str) -> str:
     with _lock:
         _made.add(path)
     return path
+
+
+def _record(made: TableFiles | None, computation: str) -> None:
+    """Record that the store made ``computation``'s rows table (once: kept while the store lives)."""
+    if made is not None and made.read_text(computation) is None:
+        made.write_text(computation, json.dumps({"computation": computation, "format": 1}) + "\n")
 
 
 def _create(spark: Any, layout: StoreLayout, path: str) -> None:

@@ -90,9 +90,9 @@ def plan(seed: int, seconds: float, *, mean_gap_s: float = 5.0, session_timeout_
             duration = round(session_timeout_s + duration, 1)
         target = _target(rng, kind)
         fault = PlannedFault(round(t, 1), kind, target, duration)
-        start = max(fault.at, busy.get(fault.slot, 0.0))
+        start = round(max(fault.at, busy.get(fault.slot, 0.0)), 1)  # rounded before the check: healed in time
         if start + duration < seconds:
-            fault = PlannedFault(round(start, 1), kind, target, duration)
+            fault = PlannedFault(start, kind, target, duration)
             out.append(fault)
             busy[fault.slot] = start + duration + settle_s
         t += rng.expovariate(1.0 / mean_gap_s)

@@ -41,13 +41,4 @@ def marker_of(files: TableFiles) -> dict[str, Any] | None:
 
 def write_marker(files: TableFiles, content: Mapping[str, Any]) -> None:
     """Write the marker ``content`` into the shadow store's folder ``files``, whole."""
-    text = json.dumps(dict(content), indent=2, sort_keys=True)
-    if not files.is_local:  # one PUT: the object is replaced whole
-        with files.fs.open_output_stream(files.path(MARKER)) as fh:
-            fh.write(text.encode("utf-8"))
-        return
-    path = files.path(MARKER)
-    staged = path + ".tmp"
-    with open(staged, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(staged, path)
+    files.write_text(MARKER, json.dumps(dict(content), indent=2, sort_keys=True))

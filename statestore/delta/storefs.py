@@ -149,13 +149,15 @@ class TableFiles:
             return None
 
     def write_text(self, rel: str, text: str) -> None:
-        """Write a small text file (its local folder made as needed)."""
-        if self.s3 is None:
-            os.makedirs(os.path.dirname(self.path(rel)), exist_ok=True)
-            with open(self.path(rel), "w", encoding="utf-8") as fh:
-                fh.write(text)
-        else:
+        """Write a small text file whole: one PUT on S3, staged and renamed locally (folder made as needed)."""
+        if self.s3 is not None:
             _put(self.fs, self.path(rel), text.encode("utf-8"))
+            return
+        path = self.path(rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(path + ".tmp", path)
 
     def _source(self, rel: str) -> Any:
         if self.s3 is None:

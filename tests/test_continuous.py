@@ -88,6 +88,9 @@ def test_what_a_run_and_deltawheel_run_refuse_before_anything_starts(tmp_path: P
     with pytest.raises(ConfigError, match=r"pipeline clicks has no computation 'other'"):
         ContinuousRun(None, StoreLayout(str(tmp_path)), pipeline, wiring=None,  # type: ignore[arg-type]
                       triggers={"other": "1s"})
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ConfigError, match=r"restarts=.*: a stage's restarts in its driver are a whole number >= 0"):
+            ContinuousRun(None, StoreLayout(str(tmp_path)), pipeline, wiring=None, restarts=bad)  # type: ignore[arg-type]
     (tmp_path / "myjob.py").write_text("from continuous_pipeline import make\nnot_a_pipeline = 3\n"
                                        "pipeline = make('input')\n", encoding="utf-8")
     monkeypatch.chdir(tmp_path)

@@ -1,6 +1,7 @@
-"""A live pipeline on ``s3a://`` whose object store goes away stops with a typed error (not a
-traceback), and started again once the store serves, counts every record once. Real S3Proxy of the
-test's own (killed and started again on the same data and port), ZooKeeper and Spark."""
+"""A live pipeline on ``s3a://`` whose object store goes away starts its failed stages again inside
+its driver once the store serves (every record counted once, no new process), and with its restarts
+used up stops with a typed error (not a traceback). Real S3Proxy of the test's own (killed and started
+again on the same data and port), ZooKeeper and Spark."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.zk, pytest.mark.objectstore]
 
 
 @pytest.mark.timeout(900)
-def test_a_live_pipeline_whose_object_store_was_killed_stops_typed_and_a_restart_counts_every_record_once(  # type: ignore[no-untyped-def]
+def test_a_live_pipeline_whose_object_store_went_away_goes_on_in_its_driver_and_counts_every_record_once(  # type: ignore[no-untyped-def]
         spark, s3_bucket, zk_config, tmp_path: Path) -> None:
-    from deltawheel.statestore.exceptions import DeltaWheelError
+    from deltawheel.statestore.exceptions import ObjectStoreUnreachableError, RetryableError
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.objectstore.s3a import configure_bucket
 
@@ -36,30 +37,49 @@ def test_a_live_pipeline_whose_object_store_was_killed_stops_typed_and_a_restart
     migrations.apply(spark, layout, dry_run=False)
     rows = click_rows(60)
     folder = tmp_path / "input"
-    write_file(folder, "part-0.parquet", rows[:30])
+    write_file(folder, "part-0.parquet", rows[:20])
     closing = closing_row(rows)
     want_users, _ = expected(rows)
     _, want_totals = expected([*rows, closing])  # the drain fires the closing click's minute too
     deadline = time.monotonic() + 600
     connection = dict(store=layout.root, zk=zk_config.hosts, zk_chroot=zk_config.chroot, pipeline="clicks")
+    lines: list[str] = []
+
+    def wait(what: str, done, run) -> None:  # type: ignore[no-untyped-def]
+        while not done():
+            run.check()
+            assert time.monotonic() < deadline, f"{what}: not in 600 s; the run said {lines[-15:]}"
+            time.sleep(0.5)
+
+    def said(text: str) -> int:
+        return sum(text in line for line in lines)
+
     try:
         with deltawheel.connect(spark, **connection) as engine:
-            run = engine.start_pipeline(make(str(folder)), progress=False)
-            while run.executors["user_minutes"].records_in_total < 30:
-                run.check()
-                assert time.monotonic() < deadline, "stage 1 did not read the first file in 600 s"
-                time.sleep(0.5)
+            # restarts used up: the run stops with the store's typed error, a retry for a supervisor
+            run = engine.start_pipeline(make(str(folder)), progress=lines.append, restarts=1)
+            wait("stage 1 read the first file", lambda: run.executors["user_minutes"].records_in_total >= 20, run)
             server.kill()
-            write_file(folder, "part-1.parquet", rows[30:])  # the next batch commits to a store that is gone
-            with pytest.raises(DeltaWheelError):  # typed: the command line exits 5 or 9, a retry
-                while time.monotonic() < deadline:
-                    run.check()
-                    time.sleep(0.5)
+            write_file(folder, "part-1.parquet", rows[20:40])  # the next batch commits to a store that is gone
+            with pytest.raises(RetryableError) as failed:
+                wait("the run stopped", lambda: False, run)
+            assert isinstance(failed.value, ObjectStoreUnreachableError) or "restart 1 " in str(lines), lines[-15:]
+            assert said("starting the stage again in this driver in 2s (restart 1 of at most 1") >= 1, lines[-15:]
             server.start()  # the same data and port
             run.stop()
-        write_file(folder, "part-2.parquet", [closing])
+        lines.clear()
         with deltawheel.connect(spark, **connection) as engine:  # what a supervisor does: start it again
-            run = engine.start_pipeline(make(str(folder)), progress=False)
+            run = engine.start_pipeline(make(str(folder)), progress=lines.append)
+            wait("stage 1 read the second file", lambda: run.executors["user_minutes"].records_in_total >= 20, run)
+            server.kill()
+            write_file(folder, "part-2.parquet", rows[40:])
+            wait("a restart found the store still down", lambda: said("(restart 2 of at most 5") >= 1, run)
+            assert said("started again in this driver") == 0, lines[-15:]
+            server.start()
+            wait("a stage started again in its driver", lambda: said("started again in this driver") >= 1, run)
+            write_file(folder, "part-3.parquet", [closing])
+            # the stages started again live produce every user's minutes once, before any drain
+            wait("stage 1's productions after the outage", lambda: outputs(spark, engine.layout)[0] == want_users, run)
             run.drain()  # every stage to the end of its input (raises what failed)
             run.stop()
             got_users, got_totals = outputs(spark, engine.layout)

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from deltawheel.executor.computation import RECORD_KEY, Computation
+from deltawheel.executor.drivers.continuous import RESTARTS
 from deltawheel.executor.drivers.engine import connect
 from deltawheel.executor.drivers.pipeline import load_pipeline
 from deltawheel.statestore.codecs import get_codec
@@ -68,6 +69,10 @@ def register(sub: Any) -> None:
                         "intervals; a restart under the same name takes its killed predecessor's leases at once")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)")
+    p.add_argument("--restarts", type=int, default=RESTARTS, metavar="N",
+                   help="a stage whose batch failed with a retryable error (the store unreachable, a full disk) "
+                        "starts again in this process, after 2 s doubling to 30 s, at most N times without a "
+                        f"committed batch; then the command exits with the error (default {RESTARTS}; 0: at once)")
     common.add_run_args(p)
     p.set_defaults(func=_run)
     p = sub.add_parser("quickstart", help="a word count through the store: leases, fenced commits, dedup on a replay")
@@ -96,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
     with common.engine_from(args, common.layout_from(args), pipeline.name) as (_spark, engine):
         engine.progress = say
         run = engine.start_pipeline(pipeline, trigger=trigger, triggers=per, computations=args.computation,
-                                    gc_every=args.gc_every, metrics_port=args.metrics_port)
+                                    gc_every=args.gc_every, metrics_port=args.metrics_port, restarts=args.restarts)
         run.run_until_stopped(seconds=args.seconds, drain=args.drain)
     return 0
 

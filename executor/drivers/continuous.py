@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.storefs import files_resolver
-from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
+from deltawheel.statestore.exceptions import (
+    ConfigError,
+    DeltaWheelError,
+    DiskFullError,
+    LeaseError,
+    RetryableError,
+    StaleSequencerError,
+    disk_full,
+)
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import ensure_stream_table
 
@@ -34,7 +42,28 @@ from .wiring import Wiring
 if TYPE_CHECKING:
     from deltawheel.gc.background import BackgroundGc
 
-__all__ = ["ContinuousRun", "StopReport"]
+__all__ = ["ContinuousRun", "StopReport", "RESTARTS", "restart_delay_s"]
+
+#: How often a stage that failed with a retryable error is started again inside its driver before the
+#: run stops with that error; the count starts again at each committed batch.
+RESTARTS = 5
+
+
+def restart_delay_s(n: int) -> float:
+    """The wait before a stage's ``n``-th restart in a row: 2 s, doubled each time, at most 30 s.
+
+    >>> [restart_delay_s(n) for n in (1, 2, 3, 4, 5, 6)]
+    [2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    """
+    return min(30.0, 2.0 * 2.0 ** (n - 1))
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: message`` of ``exc``'s first line, a Java error's own (not Py4J's), at most 500 characters."""
+    lines = [ln.strip(": ") for ln in str(exc).strip().splitlines() if ln.strip(": ")]
+    if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):
+        lines = lines[1:]
+    return f"{type(exc).__name__}: {lines[0][:500] if lines else ''}"
 
 
 class _Stopping(Exception):
@@ -53,7 +82,7 @@ class ContinuousRun:
                  computations: Sequence[str] | None = None, wait_s: float = 60.0,
                  progress: Callable[[str], None] | None = None, write_path: str = "auto", direct_read: bool = True,
                  tick_s: float = 1.0, instance: str | None = None, background_gc: BackgroundGc | None = None,
-                 zk: ZkConfig | None = None) -> None:
+                 zk: ZkConfig | None = None, restarts: int = RESTARTS) -> None:
         ordered = pipeline.ordered()  # a stream nothing produces, or a cycle: refused before anything starts
         names = [c.name for c in ordered]
         wanted = list(names) if computations is None else list(computations)
@@ -63,13 +92,17 @@ class ContinuousRun:
                               f"{', '.join(names)})")
         if not wanted:
             raise ConfigError(f"pipeline {pipeline.name}: no computation to run (computations=[])")
+        if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+            raise ConfigError(f"restarts={restarts!r}: a stage's restarts in its driver are a whole number >= 0 "
+                              "(0: a failed stage stops the run)")
         default = Trigger.parse(trigger)
         self._triggers = {n: Trigger.parse((triggers or {})[n]) if n in (triggers or {}) else default for n in names}
         self.spark, self.layout, self.pipeline, self.wiring = spark, layout, pipeline, wiring
         self._files = files_resolver(spark)  # a stream table's files, local or on the object store (_consumed)
         self._comps = [c for c in ordered if c.name in wanted]
         self.wait_s, self.progress, self.write_path, self.direct_read = wait_s, progress, write_path, direct_read
-        self.tick_s, self.instance, self.zk = tick_s, instance, zk
+        self.tick_s, self.instance, self.zk, self.restarts = tick_s, instance, zk, restarts
+        self._restarters: list[threading.Thread] = []
         self._sharing = None if instance is None else Sharing(
             spark, layout, pipeline, wiring=wiring, instance=instance, progress=self._log, write_path=write_path)
         self.stages: dict[str, Stage] = {}
@@ -124,19 +157,83 @@ class ContinuousRun:
         return self
 
     def check(self) -> None:
-        """Raise the typed error of a failed batch or tick, or Spark's error of a query that ended by itself."""
-        for stage in self.stages.values():
-            if stage.failed:
-                raise stage.failed[-1]
+        """Raise the typed error of a failed batch or tick, or Spark's error of a query that ended by itself,
+        unless the stage starts again in this driver (a retryable error, at most :attr:`restarts` in a row)."""
+        for stage in list(self.stages.values()):
+            if stage.failed and not stage.restarting:
+                self._restart_or_raise(stage, stage.failed[-1])
         if self._stopping.is_set():
             return
-        for name, stage in self.stages.items():
+        for name, stage in list(self.stages.items()):
             q = stage.query
-            if q is not None and not q.isActive:
+            if q is not None and not stage.restarting and not q.isActive:
                 exc = q.exception()
-                raise BatchFailedError(f"{self.pipeline.name}: the query of {name} ended by itself"
-                                       + (f": {exc}" if exc is not None else "")
-                                       + "; the same command again resumes it from its checkpoint")
+                ended = BatchFailedError(f"{self.pipeline.name}: the query of {name} ended by itself"
+                                         + (f": {exc}" if exc is not None else "")
+                                         + "; the same command again resumes it from its checkpoint")
+                typed = None if exc is None else self._store_failure(exc)
+                if typed is None:
+                    raise ended  # stopped from outside, or an error of Spark's own: not ours to retry
+                self._restart_or_raise(stage, typed)
+
+    def _store_failure(self, exc: BaseException) -> DeltaWheelError | None:
+        """The typed error when the store's disk or object store failed under a query (None: another error)."""
+        if disk_full(exc):
+            return DiskFullError(f"{self.pipeline.name}: {_first_line(exc)}")
+        if self.layout.root.startswith("s3a://"):
+            from deltawheel.statestore.objectstore.errors import store_failure
+
+            return store_failure(exc, self.layout.root)
+        return None
+
+    def _restart_or_raise(self, stage: Stage, exc: BaseException) -> None:
+        """Start ``stage`` again in a thread of its own if ``exc`` is retryable and restarts are left, else raise."""
+        retry = isinstance(exc, RetryableError) and not isinstance(exc, (LeaseError, StaleSequencerError))
+        if not retry or stage.restarts >= self.restarts or self._stopping.is_set():
+            raise exc  # a lost lease: its session is gone, the process starts again (the supervisor's)
+        stage.restarting = True
+        t = threading.Thread(target=self._restart, args=(stage, exc), daemon=True,
+                             name=f"deltawheel-restart-{stage.comp.name}")
+        self._restarters.append(t)
+        t.start()
+
+    def _restart(self, old: Stage, exc: BaseException) -> None:
+        """Stop ``old`` (its query, then its executor: the leases go back), wait, start its computation again
+        as a start of the process would (leases, fence, recovery, the query from its checkpoint). A start that
+        fails is the new stage's failure, for :meth:`check` to restart or raise."""
+        name, n = old.comp.name, old.restarts + 1
+        delay = restart_delay_s(n)
+        self._log(f"{name}: {_first_line(exc)}; starting the stage again in this driver in {delay:.0f}s (restart "
+                  f"{n} of at most {self.restarts} without a committed batch)")
+        self._stop_stage(old)
+        if self._stopping.wait(delay):
+            return
+        t0 = time.monotonic()
+        try:
+            self._start_stage(old.comp, restarts=n)
+        except BaseException as failed:
+            new = self.stages[name]
+            self._stop_stage(new)
+            typed = failed if isinstance(failed, DeltaWheelError) else self._store_failure(failed)
+            new.restarts = n
+            new.failed.append(failed if typed is None else typed)  # untyped: check() raises it
+            return
+        self._log(f"{name}: started again in this driver in {time.monotonic() - t0:.1f}s (restart {n})")
+
+    def _stop_stage(self, stage: Stage) -> None:
+        """Stop a failed stage's query and executor (its delivery settles if it can; its leases go back)."""
+        with stage.lock:
+            if stage.query is not None:
+                try:
+                    stage.query.stop()
+                except Exception as exc:
+                    self._log(f"{stage.comp.name}: stopping its query failed: {_first_line(exc)}")
+            if stage.ex is not None:
+                try:
+                    stage.ex.stop()
+                except Exception as exc:
+                    self._log(f"{stage.comp.name}: stopping it failed ({_first_line(exc)}); its leases were "
+                              "given back")
 
     def await_termination(self, timeout_s: float | None = None) -> bool:
         """Until the run is stopped or a query fails (raised by :meth:`check`); False after ``timeout_s``."""
@@ -208,6 +305,8 @@ class ContinuousRun:
         if self._sharing is not None:
             self._sharing.leave()  # first: the others' target changes as the leases go back
         deadline = time.monotonic() + timeout_s
+        for t in self._restarters:  # a stage starting again is stopped below once started
+            t.join(max(0.0, deadline - time.monotonic()))
         stoppers = {name: threading.Thread(target=self._stop_query, args=(stage, deadline), daemon=True,
                                            name=f"deltawheel-stop-{name}")
                     for name, stage in self.stages.items() if stage.query is not None and stage.query.isActive}
@@ -240,12 +339,13 @@ class ContinuousRun:
             if held:
                 stage.lock.release()
 
-    def _start_stage(self, comp: Computation) -> None:
+    def _start_stage(self, comp: Computation, *, restarts: int = 0) -> None:
         p, authority = self.pipeline, self.wiring.authority
         injectors = {i.name: i for i in p.injectors}
         sharing = self._sharing
         chk, name = query_of(self.layout, p.name, comp.name, self.instance)  # an instance: its own checkpoint
-        stage = self.stages[comp.name] = Stage(comp=comp, ex=None, checkpoint=chk, trigger=self._triggers[comp.name])
+        stage = self.stages[comp.name] = Stage(comp=comp, ex=None, checkpoint=chk, trigger=self._triggers[comp.name],
+                                               restarts=restarts)
         if sharing is not None:  # instances share the intervals: a query and a checkpoint per instance
             stage.replay_id = pending_batch(chk)
             unknown = dict.fromkeys(upstream_caps(authority, p.upstream(comp)))
@@ -264,12 +364,12 @@ class ContinuousRun:
         stage.next_caps = upstream_caps(authority, p.upstream(comp))
 
         def batch(df: Any, batch_id: int) -> None:
-            while not stage.lock.acquire(timeout=0.1):  # a tick runs, or the stop holds it
-                if self._stopping.is_set():
-                    raise _Stopping(f"{comp.name} batch {batch_id}: the run is stopping")
+            while not stage.lock.acquire(timeout=0.1):  # a tick runs, or the stop (or a restart) holds it
+                if self._stopping.is_set() or stage.restarting:
+                    raise _Stopping(f"{comp.name} batch {batch_id}: the run (or the stage) is stopping")
             try:
-                if self._stopping.is_set():
-                    raise _Stopping(f"{comp.name} batch {batch_id}: the run is stopping")
+                if self._stopping.is_set() or stage.restarting:
+                    raise _Stopping(f"{comp.name} batch {batch_id}: the run (or the stage) is stopping")
                 try:
                     self._hand_over(stage)  # a tool's request that came between batches
                     replay = stage.replay_id is not None and batch_id <= stage.replay_id
@@ -292,6 +392,7 @@ class ContinuousRun:
                     stage.acted_caps = caps
                     stage.replay_id = None
                     stage.batches += 1
+                    stage.restarts = 0
                     stage.records_in += ex.records_in_total - before
                     stage.done_batch = batch_id
                     if self.background_gc is not None:  # starts a due run in its thread; never waits for one

@@ -38,6 +38,8 @@ class Stage:
     records_in: int = 0
     batches: int = 0
     done_batch: int = -1  # the last micro-batch this run's function returned from
+    restarts: int = 0  # how often it was started again in this driver since its last committed batch
+    restarting: bool = False  # a thread stops it and starts it again (``ContinuousRun._restart``)
 
     def inputs(self, caps: Mapping[str, int | None], hold: Literal["kept", "now", "from_commit"] = "kept"
                ) -> BatchInputs:

@@ -112,3 +112,12 @@ def test_a_commit_whose_log_entry_the_store_lost_is_a_store_failure(spark) -> No
                      "s3a://chaos/store") is None
     assert translate(java("No such file or directory: s3a://chaos/store/rows/computation=a/part-0.parquet"),
                      "s3a://chaos/store") is None
+    # a live query's error keeps the batch's Java error as text only (a chaos run's window_sums ended so)
+    ended = Exception("An exception was raised by the Python Proxy. Return Message: Traceback (most recent "
+                      "call last):\n  ...\npy4j.protocol.Py4JJavaError: An error occurred while calling "
+                      "o23816.commit.\n: java.io.FileNotFoundException: No such file or directory: "
+                      "s3a://chaos/store/computations/window_sums/rows/_delta_log/00000000000000000052.json\n"
+                      "\tat org.apache.hadoop.fs.s3a.S3AFileSystem.s3GetFileStatus(S3AFileSystem.java:4091)")
+    typed = translate(ended, "s3a://chaos/store")
+    assert isinstance(typed, ObjectStoreUnreachableError) and "00000000000000000052.json" in str(typed)
+    assert "S3AFileSystem" not in str(typed)

@@ -66,6 +66,12 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0][:500] if lines else ''}"
 
 
+def _retryable(exc: BaseException) -> bool:
+    """Whether a stage that failed with ``exc`` starts again in its driver: not on a lost lease (its
+    ZooKeeper session is gone: the process starts again)."""
+    return isinstance(exc, RetryableError) and not isinstance(exc, (LeaseError, StaleSequencerError))
+
+
 class _Stopping(Exception):
     """Raised in a batch Spark begins while the run stops: nothing of it runs (it runs again at the next start)."""
 
@@ -144,7 +150,15 @@ class ContinuousRun:
             self._handover = HandoverWatch(self.wiring.client, self.pipeline.name, [c.name for c in self._comps],
                                            wake=self._wake, stopping=self._stopping)
             for comp in self._comps:
-                self._start_stage(comp)
+                try:
+                    self._start_stage(comp)
+                except Exception as exc:  # the store not serving yet: the stage starts again (check())
+                    typed = exc if isinstance(exc, DeltaWheelError) else self._store_failure(exc)
+                    if typed is None or not self.restarts or not _retryable(typed):
+                        raise
+                    stage = self.stages[comp.name]
+                    self._stop_stage(stage)
+                    stage.failed.append(typed)
         except BaseException:
             self._stopping.set()
             self._shutdown(timeout_s=60.0)
@@ -188,8 +202,7 @@ class ContinuousRun:
 
     def _restart_or_raise(self, stage: Stage, exc: BaseException) -> None:
         """Start ``stage`` again in a thread of its own if ``exc`` is retryable and restarts are left, else raise."""
-        retry = isinstance(exc, RetryableError) and not isinstance(exc, (LeaseError, StaleSequencerError))
-        if not retry or stage.restarts >= self.restarts or self._stopping.is_set():
+        if not _retryable(exc) or stage.restarts >= self.restarts or self._stopping.is_set():
             raise exc  # a lost lease: its session is gone, the process starts again (the supervisor's)
         stage.restarting = True
         t = threading.Thread(target=self._restart, args=(stage, exc), daemon=True,
@@ -408,6 +421,10 @@ class ContinuousRun:
                     self._hand_over(stage)  # a tool's request that came during the batch: at its end
                 except DeltaWheelError as exc:
                     stage.failed.append(exc)
+                    raise
+                except Exception as exc:  # the store failed under Spark's or pyarrow's call: typed here
+                    if (typed := self._store_failure(exc)) is not None:
+                        stage.failed.append(typed)
                     raise
             finally:
                 stage.lock.release()

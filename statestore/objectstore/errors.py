@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..exceptions import (
@@ -90,10 +91,11 @@ def translate(exc: BaseException, uri: str) -> DeltaWheelError | None:
         return _typed("unreachable", uri, chain[-1][1] if chain else text[:200], spark=True)
     if any(c in _FAILED for c in classes) or any(f"Status Code: {n}" in text for n in (500, 502, 503)):
         return _typed("failed", uri, text[:200], spark=True)
-    if any(c == _LOST and "/_delta_log/" in m and uri in m for c, m in chain):
+    lost = [m for c, m in chain if c == _LOST] + re.findall(_LOST.replace(".", r"\.") + r": ([^\n]*)", said)
+    if any("/_delta_log/" in m and uri in m for m in lost):
         # a log entry written a moment ago is not there: the store lost it (a full disk behind it);
         # the commit's log-store entry still holds it, and the next reader of the log completes it
-        return _typed("failed", uri, next(m for c, m in chain if c == _LOST)[:200], spark=True)
+        return _typed("failed", uri, next(m for m in lost if "/_delta_log/" in m)[:200], spark=True)
     return None
 
 

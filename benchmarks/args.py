@@ -117,8 +117,10 @@ def add_restart_arguments(p: argparse.ArgumentParser) -> None:
                    "(default 3)")
     p.add_argument("--session-timeout", type=float, default=20.0,
                    help="the job's ZooKeeper session timeout, seconds (default 20, connect's)")
-    p.add_argument("--cases", default="with_instance,without_instance",
-                   help="comma-separated: with_instance (restart under the same instance name), without_instance")
+    p.add_argument("--cases", default="with_instance,without_instance,standby",
+                   help="comma-separated: with_instance (restart under the same instance name), without_instance, "
+                        "standby (a running standby takes a SIGKILLed instance's intervals: give it a short "
+                        "--session-timeout, e.g. 2)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for a job's batches (default 900)")
 
 

@@ -1,8 +1,8 @@
 """The continuous job ``deltawheel bench restart`` kills and restarts (``benchmarks/restart.py``).
 
-    python -m deltawheel.benchmarks.restart_job STORE INPUT ZK_HOSTS CHROOT INSTANCE SESSION_TIMEOUT_S
+    python -m deltawheel.benchmarks.restart_job STORE INPUT ZK_HOSTS CHROOT INSTANCE SESSION_TIMEOUT_S [standby]
 
-Runs until killed (INSTANCE ``-``: no instance name), printing ``STEP <name> <unix seconds>`` as
+Runs until killed (INSTANCE ``-``: no instance name; ``standby``: a standby instance), printing ``STEP <name> <unix seconds>`` as
 each step of its start ends and ``BATCH <json>`` per committed input batch."""
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ def main(argv: list[str]) -> int:
     import deltawheel
 
     store, folder, hosts, chroot, instance, timeout_s = argv[:6]
+    standby = argv[6:7] == ["standby"]
     step("started", STARTED)
     step("imported")
     spark = build_spark(SparkSettings(master="local[2]", app_name="restartbench", driver_memory="1g"))
@@ -106,7 +107,7 @@ def main(argv: list[str]) -> int:
 
     run = None
     engine.progress = progress
-    run = engine.start_pipeline(pipeline(folder))
+    run = engine.start_pipeline(pipeline(folder), standby=standby)
     run.await_termination()
     return 0
 

@@ -67,6 +67,9 @@ def register(sub: Any) -> None:
     p.add_argument("--instance", default=None,
                    help="this job instance's name (letters, digits, _): processes with different names share the "
                         "intervals; a restart under the same name takes its killed predecessor's leases at once")
+    p.add_argument("--standby", action="store_true",
+                   help="with --instance: hold no interval while an instance that is not a standby lives, and "
+                        "take the intervals of the last one that stops or dies (its session timeout)")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)")
     p.add_argument("--restarts", type=int, default=RESTARTS, metavar="N",
@@ -101,7 +104,8 @@ def _run(args: argparse.Namespace) -> int:
     with common.engine_from(args, common.layout_from(args), pipeline.name) as (_spark, engine):
         engine.progress = say
         run = engine.start_pipeline(pipeline, trigger=trigger, triggers=per, computations=args.computation,
-                                    gc_every=args.gc_every, metrics_port=args.metrics_port, restarts=args.restarts)
+                                    gc_every=args.gc_every, metrics_port=args.metrics_port, restarts=args.restarts,
+                                    standby=args.standby)
         run.run_until_stopped(seconds=args.seconds, drain=args.drain)
     return 0
 

@@ -80,7 +80,8 @@ class ContinuousRun:
     """A pipeline's computations running unbounded; made (and started) by ``engine.start_pipeline``.
     ``triggers``: per computation name, over ``trigger``; ``computations``: those this process runs
     (default: all); ``tick_s``: how often an idle query looks for due timers; ``instance``: this job
-    instance's name when instances share the intervals (``sharing.py``)."""
+    instance's name when instances share the intervals (``sharing.py``); ``standby``: that instance holds
+    no interval while an instance that is not a standby lives; ``restarts``: :data:`RESTARTS`."""
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, wiring: Wiring,
                  trigger: str | float | Trigger | None = None,
@@ -88,7 +89,7 @@ class ContinuousRun:
                  computations: Sequence[str] | None = None, wait_s: float = 60.0,
                  progress: Callable[[str], None] | None = None, write_path: str = "auto", direct_read: bool = True,
                  tick_s: float = 1.0, instance: str | None = None, background_gc: BackgroundGc | None = None,
-                 zk: ZkConfig | None = None, restarts: int = RESTARTS) -> None:
+                 zk: ZkConfig | None = None, restarts: int = RESTARTS, standby: bool = False) -> None:
         ordered = pipeline.ordered()  # a stream nothing produces, or a cycle: refused before anything starts
         names = [c.name for c in ordered]
         wanted = list(names) if computations is None else list(computations)
@@ -98,6 +99,9 @@ class ContinuousRun:
                               f"{', '.join(names)})")
         if not wanted:
             raise ConfigError(f"pipeline {pipeline.name}: no computation to run (computations=[])")
+        if standby and instance is None:
+            raise ConfigError(f"pipeline {pipeline.name}: standby=True needs an instance name (a standby is an "
+                              "instance sharing the intervals that holds none while another instance lives)")
         if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
             raise ConfigError(f"restarts={restarts!r}: a stage's restarts in its driver are a whole number >= 0 "
                               "(0: a failed stage stops the run)")
@@ -110,7 +114,8 @@ class ContinuousRun:
         self.tick_s, self.instance, self.zk, self.restarts = tick_s, instance, zk, restarts
         self._restarters: list[threading.Thread] = []
         self._sharing = None if instance is None else Sharing(
-            spark, layout, pipeline, wiring=wiring, instance=instance, progress=self._log, write_path=write_path)
+            spark, layout, pipeline, wiring=wiring, instance=instance, progress=self._log, write_path=write_path,
+            standby=standby)
         self.stages: dict[str, Stage] = {}
         self._stopping = threading.Event()
         self._wake = threading.Event()  # the ticks wait on it: a tool's hand-over request, or the stop

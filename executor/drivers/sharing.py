@@ -29,10 +29,11 @@ class Sharing:
     """One job instance's part in sharing a run's intervals."""
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, wiring: Wiring, instance: str,
-                 progress: Callable[[str], None], write_path: str) -> None:
+                 progress: Callable[[str], None], write_path: str, standby: bool = False) -> None:
         self.spark, self.layout, self.pipeline, self.wiring = spark, layout, pipeline, wiring
         self.instance, self.progress, self.write_path = instance, progress, write_path
-        self.member = Membership(wiring.client, pipeline=pipeline.name, instance=instance, acls=wiring.acls)
+        self.member = Membership(wiring.client, pipeline=pipeline.name, instance=instance, acls=wiring.acls,
+                                 standby=standby)
         self.moves: list[MoveTiming] = []
         self._idle: dict[str, SharedInput] = {}  # per computation held by none: its batches' positions
 

@@ -17,7 +17,7 @@ from ..layout import validate_name
 from .client import children
 
 __all__ = ["MEMBER_FORMAT_VERSION", "Membership", "assign", "live_members", "member_session", "request_move", "read_move",
-           "clear_move", "target", "parse_assign"]
+           "clear_move", "standbys", "target", "parse_assign"]
 
 MEMBER_FORMAT_VERSION = 1
 
@@ -54,6 +54,21 @@ def member_session(client: KazooClient, pipeline: str, instance: str) -> int | N
 def live_members(client: KazooClient, pipeline: str) -> list[str]:
     """The instances with a member znode (a live ZooKeeper session), sorted."""
     return children(client, _members(pipeline))
+
+
+def standbys(client: KazooClient, pipeline: str, live: Sequence[str]) -> set[str]:
+    """Those of the ``live`` members that joined as standbys (their member znode says so)."""
+    pending = {m: client.get_async(f"{_members(pipeline)}/{m}") for m in live}
+    out: set[str] = set()
+    for m, res in pending.items():
+        try:
+            data, _ = res.get()
+        except NoNodeError:
+            continue  # left meanwhile
+        with suppress(ValueError, AttributeError):
+            if json.loads(data.decode()).get("standby") is True:
+                out.add(m)
+    return out
 
 
 def request_move(client: KazooClient, pipeline: str, computation: str,
@@ -95,22 +110,26 @@ def clear_move(client: KazooClient, pipeline: str, computation: str) -> bool:
 
 
 def target(client: KazooClient, pipeline: str, computation: str, num_intervals: int) -> dict[str, tuple[int, ...]]:
-    """Who should hold which interval: a valid move request of live instances, else :func:`assign`."""
+    """Who should hold which interval: a valid move request of live instances, else :func:`assign` over
+    the live instances that are not standbys (over the standbys when none is left)."""
     live = live_members(client, pipeline)
     move = read_move(client, pipeline, computation)
     if move is not None and set(move) <= set(live):
         named = [iv for ivs in move.values() for iv in ivs]
         if len(named) == len(set(named)) and all(0 <= iv < num_intervals for iv in named):
             return {m: move.get(m, ()) for m in live}
-    return assign(live, num_intervals)
+    spare = standbys(client, pipeline, live)
+    return {**{m: () for m in spare}, **assign([m for m in live if m not in spare] or live, num_intervals)}
 
 
 class Membership:
     """This instance's member znode; a join replaces one of the same name of another session."""
 
-    def __init__(self, client: KazooClient, *, pipeline: str, instance: str, acls: Any = None) -> None:
+    def __init__(self, client: KazooClient, *, pipeline: str, instance: str, acls: Any = None,
+                 standby: bool = False) -> None:
         validate_name("instance", instance)
         self.client, self.pipeline, self.instance, self.acls = client, pipeline, instance, acls
+        self.standby = standby  # it holds intervals only while no other kind of member is live
         self.replaced = False
 
     @property
@@ -121,7 +140,8 @@ class Membership:
     def join(self) -> None:
         """Create the member znode (EPHEMERAL), replacing one of the same name of another session."""
         payload = json.dumps({"format_version": MEMBER_FORMAT_VERSION, "instance": self.instance,
-                              "joined_ms": int(time.time() * 1000)}).encode()
+                              "joined_ms": int(time.time() * 1000), **({"standby": True} if self.standby else {})
+                              }).encode()
         while True:
             with suppress(NodeExistsError):
                 self.client.create(self.path, payload, ephemeral=True, makepath=True, acl=self.acls)

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "EXIT_CODES", "exit_code", "DeltaWheelError", "RetryableError", "FatalError", "LeaseError",
-    "LeaseLostError", "LeaseHeldError", "LeaseSuspendedError", "NotOwnerError", "StoreMismatchError",
+    "LeaseLostError", "LeaseHeldError", "SessionLostError", "LeaseSuspendedError", "NotOwnerError", "StoreMismatchError",
     "StoreInUseError", "StoreDamagedError", "UnknownComputationError", "KeyNeverSeenError",
     "VersionNotFoundError", "CoordinatorStateLostError", "StaleSequencerError", "CommitConflictError",
     "CodecError", "BadRecordError", "StateTooLargeError", "NotAStoreError", "SchemaTooNewError",
@@ -106,6 +106,11 @@ class LeaseHeldError(LeaseError):
 
 class LeaseLostError(LeaseError):
     """A lease this instance held is gone (session expired, lease broken or taken over)."""
+
+
+class SessionLostError(LeaseLostError):
+    """This process's ZooKeeper session expired, and every lease it held went with it; a new session of
+    the same process may take them again (a live stage does: docs/continuous.md)."""
 
 
 class LeaseSuspendedError(LeaseError):

@@ -56,7 +56,9 @@ def test_a_named_instance_cut_off_past_its_session_timeout_stops_with_lease_lost
         with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=f"127.0.0.1:{listen}",
                                 zk_chroot=zk_config.chroot, pipeline="clicks", instance="a", wait_s=30,
                                 zk_session_timeout_s=zk_config.session_timeout_s) as engine:
-            run = engine.start_pipeline(make(str(folder)), trigger="200 milliseconds")
+            # restarts=0: the typed error itself (by default the stages take a new session and start
+            # again in this process: tests/test_session_lost_live.py)
+            run = engine.start_pipeline(make(str(folder)), trigger="200 milliseconds", restarts=0)
             wait_for("a read the first file", lambda: run.executors["user_minutes"].records_in_total > 0,
                      runs=(run,))
             direct = KazooClient(hosts=zk_server.hosts + zk_config.chroot)

@@ -10,9 +10,9 @@ import time
 from typing import Any
 
 from deltawheel.executor.computation import RECORD_KEY, Computation
-from deltawheel.executor.drivers.continuous import RESTARTS
 from deltawheel.executor.drivers.engine import connect
 from deltawheel.executor.drivers.pipeline import load_pipeline
+from deltawheel.executor.drivers.restarts import RESTARTS
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.rowtable.rows import TimeDomain
 

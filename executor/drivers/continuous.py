@@ -15,14 +15,12 @@ from deltawheel.statestore.delta.storefs import files_resolver
 from deltawheel.statestore.exceptions import (
     ConfigError,
     DeltaWheelError,
-    DiskFullError,
-    LeaseError,
-    RetryableError,
-    StaleSequencerError,
-    disk_full,
+    SessionLostError,
 )
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import ensure_stream_table
+from deltawheel.statestore.zk.members import member_session
+from kazoo.client import KazooState
 
 from ..computation import Computation
 from ..exceptions import BatchFailedError
@@ -34,6 +32,7 @@ from .inputs import direct_source, query_of, stage_input, upstream_caps
 from .pipeline import Pipeline, RunSummary, StopReport
 from .pools import in_pool, scheduler_mode, warn_unless_fair
 from .querystart import await_commit_log, pending_batch
+from .restarts import RESTARTS, first_line, restart_delay_s, retryable, store_failed
 from .sharing import Sharing
 from .stage import Stage
 from .triggers import Trigger
@@ -42,35 +41,7 @@ from .wiring import Wiring
 if TYPE_CHECKING:
     from deltawheel.gc.background import BackgroundGc
 
-__all__ = ["ContinuousRun", "StopReport", "RESTARTS", "restart_delay_s"]
-
-#: How often a stage that failed with a retryable error is started again inside its driver before the
-#: run stops with that error; the count starts again at each committed batch.
-RESTARTS = 5
-
-
-def restart_delay_s(n: int) -> float:
-    """The wait before a stage's ``n``-th restart in a row: 2 s, doubled each time, at most 30 s.
-
-    >>> [restart_delay_s(n) for n in (1, 2, 3, 4, 5, 6)]
-    [2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
-    """
-    return min(30.0, 2.0 * 2.0 ** (n - 1))
-
-
-def _first_line(exc: BaseException) -> str:
-    """``Type: message`` of ``exc``'s first line, a Java error's own (not Py4J's), at most 500 characters."""
-    lines = [ln.strip(": ") for ln in str(exc).strip().splitlines() if ln.strip(": ")]
-    if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):
-        lines = lines[1:]
-    return f"{type(exc).__name__}: {lines[0][:500] if lines else ''}"
-
-
-def _retryable(exc: BaseException) -> bool:
-    """Whether a stage that failed with ``exc`` starts again in its driver: not on a lost lease (its
-    ZooKeeper session is gone: the process starts again)."""
-    return isinstance(exc, RetryableError) and not isinstance(exc, (LeaseError, StaleSequencerError))
-
+__all__ = ["ContinuousRun", "StopReport", "RESTARTS"]
 
 class _Stopping(Exception):
     """Raised in a batch Spark begins while the run stops: nothing of it runs (it runs again at the next start)."""
@@ -154,12 +125,14 @@ class ContinuousRun:
                 self._sharing.join()
             self._handover = HandoverWatch(self.wiring.client, self.pipeline.name, [c.name for c in self._comps],
                                            wake=self._wake, stopping=self._stopping)
+            if self._sharing is not None:
+                self._sharing.watch(self._wake, self._stopping)  # a join or leave wakes the ticks
             for comp in self._comps:
                 try:
                     self._start_stage(comp)
                 except Exception as exc:  # the store not serving yet: the stage starts again (check())
                     typed = exc if isinstance(exc, DeltaWheelError) else self._store_failure(exc)
-                    if typed is None or not self.restarts or not _retryable(typed):
+                    if typed is None or not self.restarts or not retryable(typed):
                         raise
                     stage = self.stages[comp.name]
                     self._stop_stage(stage)
@@ -196,19 +169,12 @@ class ContinuousRun:
                 self._restart_or_raise(stage, typed)
 
     def _store_failure(self, exc: BaseException) -> DeltaWheelError | None:
-        """The typed error when the store's disk or object store failed under a query (None: another error)."""
-        if disk_full(exc):
-            return DiskFullError(f"{self.pipeline.name}: {_first_line(exc)}")
-        if self.layout.root.startswith("s3a://"):
-            from deltawheel.statestore.objectstore.errors import store_failure
-
-            return store_failure(exc, self.layout.root)
-        return None
+        return store_failed(exc, self.layout.root, self.pipeline.name)
 
     def _restart_or_raise(self, stage: Stage, exc: BaseException) -> None:
         """Start ``stage`` again in a thread of its own if ``exc`` is retryable and restarts are left, else raise."""
-        if not _retryable(exc) or stage.restarts >= self.restarts or self._stopping.is_set():
-            raise exc  # a lost lease: its session is gone, the process starts again (the supervisor's)
+        if not retryable(exc) or stage.restarts >= self.restarts or self._stopping.is_set():
+            raise exc  # a lease taken over, a fenced sequencer, or no restart left: the run stops
         stage.restarting = True
         t = threading.Thread(target=self._restart, args=(stage, exc), daemon=True,
                              name=f"deltawheel-restart-{stage.comp.name}")
@@ -221,10 +187,13 @@ class ContinuousRun:
         fails is the new stage's failure, for :meth:`check` to restart or raise."""
         name, n = old.comp.name, old.restarts + 1
         delay = restart_delay_s(n)
-        self._log(f"{name}: {_first_line(exc)}; starting the stage again in this driver in {delay:.0f}s (restart "
+        self._log(f"{name}: {first_line(exc)}; starting the stage again in this driver in {delay:.0f}s (restart "
                   f"{n} of at most {self.restarts} without a committed batch)")
         self._stop_stage(old)
         if self._stopping.wait(delay):
+            return
+        if isinstance(exc, SessionLostError) and not self._new_session(name):
+            old.restarts, old.restarting = self.restarts, False  # check() raises ``exc``
             return
         t0 = time.monotonic()
         try:
@@ -238,6 +207,24 @@ class ContinuousRun:
             return
         self._log(f"{name}: started again in this driver in {time.monotonic() - t0:.1f}s (restart {n})")
 
+    def _new_session(self, name: str) -> bool:
+        """After this process's ZooKeeper session expired: wait for kazoo's new session and join the
+        members again under it (an instance); False: none within ``wait_s``, or another process runs
+        this instance now (its member znode is another live session's: that process goes on)."""
+        client, deadline = self.wiring.client, time.monotonic() + self.wait_s
+        while client.state != KazooState.CONNECTED:
+            if self._stopping.wait(0.5) or time.monotonic() > deadline:
+                return False
+        if self._sharing is None or self.instance is None:
+            return True
+        owner = member_session(client, self.pipeline.name, self.instance)
+        if owner is not None and owner != client.client_id[0]:
+            self._log(f"{name}: instance {self.instance} runs in another process now (its member znode is another "
+                      "session's): this one does not take its leases back")
+            return False
+        self._sharing.join()
+        return True
+
     def _stop_stage(self, stage: Stage) -> None:
         """Stop a failed stage's query and executor (its delivery settles if it can; its leases go back)."""
         with stage.lock:
@@ -245,12 +232,12 @@ class ContinuousRun:
                 try:
                     stage.query.stop()
                 except Exception as exc:
-                    self._log(f"{stage.comp.name}: stopping its query failed: {_first_line(exc)}")
+                    self._log(f"{stage.comp.name}: stopping its query failed: {first_line(exc)}")
             if stage.ex is not None:
                 try:
                     stage.ex.stop()
                 except Exception as exc:
-                    self._log(f"{stage.comp.name}: stopping it failed ({_first_line(exc)}); its leases were "
+                    self._log(f"{stage.comp.name}: stopping it failed ({first_line(exc)}); its leases were "
                               "given back")
 
     def await_termination(self, timeout_s: float | None = None) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -9,7 +10,8 @@ from deltawheel.statestore.exceptions import LeaseHeldError, LeaseSuspendedError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.zk.client import zk_errors
 from deltawheel.statestore.zk.lease_tools import list_leases
-from deltawheel.statestore.zk.members import Membership, target
+from deltawheel.statestore.zk.members import Membership, members_path, target
+from kazoo.recipe.watchers import ChildrenWatch
 
 from ..computation import Computation
 from ..protocol.executor import ComputationExecutor
@@ -42,6 +44,15 @@ class Sharing:
         self.member.join()
         if self.member.replaced:
             self.progress(f"instance {self.instance}: replaced its predecessor's member znode (a restart)")
+
+    def watch(self, wake: threading.Event, stopping: threading.Event) -> None:
+        """Set ``wake`` at each join and leave of an instance: the ticks look at the target at once (a
+        standby takes a dead instance's intervals when its session expires, not at its next tick)."""
+        def changed(_members: list[str]) -> bool:
+            wake.set()
+            return not stopping.is_set()  # False: kazoo drops the watch
+
+        ChildrenWatch(self.wiring.client, members_path(self.pipeline.name), changed)
 
     def leave(self) -> None:
         """Leave the members (first, so that the others' target changes as the leases go back)."""

@@ -14,7 +14,7 @@ from kazoo.protocol.paths import normpath
 from kazoo.security import ACL, make_acl, make_digest_acl
 
 from ..config import ZkConfig
-from ..exceptions import LeaseLostError, LeaseSuspendedError, ZooKeeperServerError
+from ..exceptions import LeaseSuspendedError, SessionLostError, ZooKeeperServerError
 
 __all__ = ["children", "connect", "digest_acls", "zk_errors"]
 
@@ -75,6 +75,6 @@ def zk_errors(what: str, *, expired: str, lost: str) -> Iterator[None]:
     try:
         yield
     except SessionExpiredError as exc:
-        raise LeaseLostError(f"{what}: the ZooKeeper session expired; {expired}") from exc
+        raise SessionLostError(f"{what}: the ZooKeeper session expired; {expired}") from exc
     except (ConnectionLoss, ConnectionClosedError) as exc:
         raise LeaseSuspendedError(f"{what}: {lost}") from exc

@@ -18,7 +18,7 @@ from kazoo.exceptions import NoNodeError
 from kazoo.security import ACL
 
 from ..clock import Clock, SystemClock
-from ..exceptions import CodecError, LeaseLostError, LeaseSuspendedError
+from ..exceptions import CodecError, LeaseLostError, LeaseSuspendedError, SessionLostError
 from ..layout import validate_name
 from .client import zk_errors
 from .grants import HeldGrant, LeaseGrant, decode_lease, interval_path, prune_grants, take_interval
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 OnLost = Callable[[list[LeaseGrant], str], None]
 _SYSTEM_CLOCK = SystemClock()
+SESSION_EXPIRED = "ZooKeeper session expired"  # the reason of every lease a LOST session took along
 
 
 def _zk_errors(what: str) -> Any:
@@ -84,10 +85,10 @@ class LeaseManager:
             with self._lock:
                 self._suspended = False
                 grants = [h.grant for per in self._held.values() for h in per.values()]
-                self._lost.update({(g.computation, g.interval): "ZooKeeper session expired" for g in grants})
+                self._lost.update({(g.computation, g.interval): SESSION_EXPIRED for g in grants})
                 self._held.clear()
             if grants:
-                self._spawn(self._notify_lost, grants, "ZooKeeper session expired")
+                self._spawn(self._notify_lost, grants, SESSION_EXPIRED)
         elif state == KazooState.CONNECTED:
             with self._lock:
                 was_suspended, self._suspended = self._suspended, False
@@ -215,8 +216,9 @@ class LeaseManager:
                 raise LeaseLostError("this LeaseManager is closed; create a new one")
             reason = self._lost.get((computation, interval))
             if reason is not None:
-                raise LeaseLostError(f"lease on interval {interval} of {self.pipeline}/{computation} "
-                                     f"was lost ({reason}); acquire it again before committing")
+                lost = SessionLostError if reason == SESSION_EXPIRED else LeaseLostError
+                raise lost(f"lease on interval {interval} of {self.pipeline}/{computation} "
+                           f"was lost ({reason}); acquire it again before committing")
             if self._suspended or self._client.state != KazooState.CONNECTED:
                 raise LeaseSuspendedError(f"ZooKeeper connection is suspended; lease on interval {interval} "
                                           "is in doubt, wait for the reconnect")

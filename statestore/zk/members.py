@@ -16,7 +16,8 @@ from ..exceptions import CodecError, ConfigError
 from ..layout import validate_name
 from .client import children
 
-__all__ = ["MEMBER_FORMAT_VERSION", "Membership", "assign", "live_members", "member_session", "request_move", "read_move",
+__all__ = ["MEMBER_FORMAT_VERSION", "Membership", "assign", "live_members", "member_session", "members_path",
+           "request_move", "read_move",
            "clear_move", "standbys", "target", "parse_assign"]
 
 MEMBER_FORMAT_VERSION = 1
@@ -24,6 +25,11 @@ MEMBER_FORMAT_VERSION = 1
 
 def _members(pipeline: str) -> str:
     return f"/pipelines/{pipeline}/members"
+
+
+def members_path(pipeline: str) -> str:
+    """The znode whose children are ``pipeline``'s live instances (a watch on it sees each join and leave)."""
+    return _members(pipeline)
 
 
 def _move(pipeline: str, computation: str) -> str:

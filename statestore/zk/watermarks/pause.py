@@ -12,7 +12,7 @@ from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 
-from ...exceptions import LeaseLostError, LeaseSuspendedError
+from ...exceptions import LeaseSuspendedError, SessionLostError
 from ..client import zk_errors
 from ..refusal import check_refused
 
@@ -114,8 +114,8 @@ class Connection:
         while self.client.state != KazooState.CONNECTED:
             pause.wait(f"the ZooKeeper connection is {str(self.client.state).lower()}")
         if session is not None and self.session() != session:
-            raise LeaseLostError(f"{what}: the ZooKeeper session expired while it was paused; acquire the "
-                                 "leases again and publish with the new sequencer")
+            raise SessionLostError(f"{what}: the ZooKeeper session expired while it was paused; acquire the "
+                                   "leases again and publish with the new sequencer")
         if own:
             pause.resumed()
 

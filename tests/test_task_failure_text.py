@@ -34,3 +34,21 @@ def test_a_python_failure_in_a_task_names_the_python_error() -> None:
 def test_a_failure_without_any_exception_named_keeps_its_first_line() -> None:
     err = task_failure(RuntimeError("the worker went away\nmore"), "counts", 2)
     assert str(err) == "counts batch 2 failed in a Spark task: the worker went away"
+
+
+def test_an_input_file_whose_store_did_not_answer_is_a_retry_not_a_bad_file() -> None:
+    """Found by a chaos run: S3Proxy killed under a batch's read of a stream table's file made the
+    batch an ``InputFileError`` (exit 3, "write the file again") though the file was whole."""
+    from deltawheel.executor.exceptions import InputFileError
+    from deltawheel.statestore.exceptions import ObjectStoreUnreachableError
+
+    reset = ("org.apache.spark.SparkException: Task failed: ... InputFileError: input file "
+             "s3a://chaos/store/streams/changes/part-c6c2.snappy.parquet cannot be read (java.net.SocketException: "
+             "Connection reset); the batch was not committed.\n")
+    err = task_failure(RuntimeError(reset), "ledger", 3)
+    assert isinstance(err, ObjectStoreUnreachableError), err
+    assert str(err).startswith("ledger batch 3: input file s3a://chaos/store/streams/changes/part-c6c2.snappy.parquet "
+                               "cannot be read (java.net.SocketException: Connection reset)")
+    truncated = ("InputFileError: input file /in/part-3.parquet cannot be read (java.io.EOFException: reached the "
+                 "end of the file early); the batch was not committed.\n")
+    assert isinstance(task_failure(RuntimeError(truncated), "ledger", 3), InputFileError)

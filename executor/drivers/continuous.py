@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.delta.jvm import activate
 from deltawheel.statestore.delta.storefs import files_resolver
 from deltawheel.statestore.exceptions import (
     ConfigError,
@@ -185,6 +186,7 @@ class ContinuousRun:
         """Stop ``old`` (its query, then its executor: the leases go back), wait, start its computation again
         as a start of the process would (leases, fence, recovery, the query from its checkpoint). A start that
         fails is the new stage's failure, for :meth:`check` to restart or raise."""
+        activate(self.spark)  # this thread's commits (the fence, a catch-up): Delta needs a session on it
         name, n = old.comp.name, old.restarts + 1
         delay = restart_delay_s(n)
         self._log(f"{name}: {first_line(exc)}; starting the stage again in this driver in {delay:.0f}s (restart "

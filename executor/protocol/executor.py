@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.clock import Clock, SystemClock
-from deltawheel.statestore.delta.jvm import require_classic_session
+from deltawheel.statestore.delta.jvm import activate, require_classic_session
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.inspection.damage import check_store
 from deltawheel.statestore.layout import StoreLayout
@@ -81,7 +81,8 @@ class ComputationExecutor:
         self.start_s: dict[str, float] = {}
         self.recovered: dict[str, int] = {}  # checkpointed productions the start delivered: appended / merged
         self.inflight = InFlight(computation, fault=self._protocol.fault, log=self._protocol.log,
-                                 published=self._protocol.watermarks.publish if authority is not None else None)
+                                 published=self._protocol.watermarks.publish if authority is not None else None,
+                                 on_thread=functools.partial(activate, spark))
         ahead: Mapping[str, int] = ({s: DEFAULT_MAX_EVENT_AHEAD_MS for s in computation.inputs}
                                     if event_ahead_ms is None else dict(event_ahead_ms))
         self.path, self.job = PATHS[self.write_path](

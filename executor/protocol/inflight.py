@@ -30,9 +30,10 @@ class InFlight:
     """The open delivery of one computation's executor; ``published``: called when one landed."""
 
     def __init__(self, comp: Computation, *, fault: Callable[[FaultPoint, int], None], log: Callable[[str], None],
-                 published: Callable[[], object] | None) -> None:
+                 published: Callable[[], object] | None, on_thread: Callable[[], object] = lambda: None) -> None:
         self.comp, self.computation = comp, comp.name
         self._fault, self._log, self._published = fault, log, published
+        self._on_thread = on_thread  # first in each delivery thread (its JVM thread's active session)
         self.open: OpenDelivery | None = None
 
     def held_ts(self) -> int | None:
@@ -46,6 +47,7 @@ class InFlight:
 
         def run() -> None:
             try:
+                self._on_thread()
                 self._fault(FaultPoint.IN_WEAK_DELIVERY, batch_id)
                 deliver()
             except BaseException as exc:
@@ -75,6 +77,7 @@ class InFlight:
 
         def run() -> None:
             try:
+                self._on_thread()
                 deliver()
             except BaseException as exc:
                 box["error"] = exc

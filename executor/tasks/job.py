@@ -9,7 +9,7 @@ from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
 from deltawheel.statestore.delta.jvm import java_errors
 from deltawheel.statestore.delta.log import local_path
-from deltawheel.statestore.exceptions import DeltaWheelError
+from deltawheel.statestore.exceptions import DeltaWheelError, ObjectStoreUnreachableError
 
 from ..exceptions import BatchFailedError, InputFileError, InputSchemaError, KafkaDataLossError, UserCodeError
 
@@ -107,7 +107,7 @@ def task_failure(exc: BaseException, computation: str, batch_id: int | None) -> 
     batch = f"{computation} batch {'?' if batch_id is None else batch_id}"
     found = InputFileError.from_task(str(exc))  # the direct read's, in a task
     if found is not None:
-        return InputFileError(f"{batch}: {found}")
+        return _unreachable(batch, found) or InputFileError(f"{batch}: {found}")
     lost = KafkaDataLossError.from_task(str(exc))  # the Kafka direct read's, in a task
     if lost is not None:
         return KafkaDataLossError(f"{batch}: {lost}")
@@ -123,8 +123,30 @@ def task_failure(exc: BaseException, computation: str, batch_id: int | None) -> 
                 f"not committed. Write the file again with {column} as {expected} under the same name, then run "
                 "the same command again: the batch reads it again")
         if condition.startswith(FAILED_READ_FILE):
-            return InputFileError(f"{batch}: input file {path} cannot be read ({_cause(exc)}); {InputFileError.ADVICE}")
+            said = f"input file {path} cannot be read ({_cause(exc)})"
+            return _unreachable(batch, said) or InputFileError(f"{batch}: {said}; {InputFileError.ADVICE}")
     return BatchFailedError(user_error_message(exc, computation, batch_id))
+
+
+#: a read that failed on the way to the file, not on the file: its store did not answer
+_NETWORK = ("java.net.SocketException", "java.net.ConnectException", "java.net.SocketTimeoutException",
+            "java.net.UnknownHostException", "java.net.NoRouteToHostException", "Connection reset",
+            "Connection refused", "Unable to execute HTTP request", "NETWORK_CONNECTION", "curlCode")
+
+
+def _unreachable(batch: str, said: str) -> ObjectStoreUnreachableError | None:
+    """The retryable error of an input file whose store did not answer (``said``: what the read said);
+    None: the file itself is bad.
+
+    >>> type(_unreachable("b batch 3", "input file s3a://x/f.parquet cannot be read (java.net.SocketException: "
+    ...                   "Connection reset)")).__name__
+    'ObjectStoreUnreachableError'
+    >>> _unreachable("b batch 3", "input file /in/f.parquet cannot be read (EOFException: the file is truncated)")
+    """
+    if not any(mark in said for mark in _NETWORK):
+        return None
+    return ObjectStoreUnreachableError(f"{batch}: {said}: its store did not answer; the batch was not committed and "
+                                       "runs again once the store answers")
 
 
 def _cause(exc: BaseException) -> str:

@@ -17,7 +17,7 @@ from .s3a import bucket_of
 
 __all__ = ["translate", "probe_store", "pyarrow_error", "check_bucket", "store_failure", "raise_store_failure"]
 
-_UNREACHABLE = ("java.net.ConnectException", "java.net.UnknownHostException", "java.net.NoRouteToHostException",
+_UNREACHABLE = ("java.net.ConnectException", "java.net.SocketException", "java.net.UnknownHostException", "java.net.NoRouteToHostException",
                 "java.net.SocketTimeoutException", "org.apache.http.conn.HttpHostConnectException",
                 "org.apache.http.conn.ConnectTimeoutException")
 _MISSING = ("org.apache.hadoop.fs.s3a.UnknownStoreException",

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "EXIT_CODES", "exit_code", "DeltaWheelError", "RetryableError", "FatalError", "LeaseError",
-    "LeaseLostError", "LeaseHeldError", "SessionLostError", "LeaseSuspendedError", "NotOwnerError", "StoreMismatchError",
+    "LeaseLostError", "LeaseHeldError", "SessionLostError", "SparkGoneError", "LeaseSuspendedError", "NotOwnerError", "StoreMismatchError",
     "StoreInUseError", "StoreDamagedError", "UnknownComputationError", "KeyNeverSeenError",
     "VersionNotFoundError", "CoordinatorStateLostError", "StaleSequencerError", "CommitConflictError",
     "CodecError", "BadRecordError", "StateTooLargeError", "NotAStoreError", "SchemaTooNewError",
@@ -70,6 +70,10 @@ class DeltaWheelError(Exception):
 
 class RetryableError(DeltaWheelError, exit_code=9):
     """The operation may succeed if retried (after re-acquiring what was lost)."""
+
+
+class SparkGoneError(RetryableError):
+    """The driver's JVM stopped answering, or its SparkContext stopped: nothing in flight counts; run again."""
 
 
 class DiskFullError(RetryableError):

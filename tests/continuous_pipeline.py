@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import random
 import sys
+import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pyspark import cloudpickle
 
@@ -149,3 +150,33 @@ def outputs(spark: Any, layout: Any) -> tuple[list[tuple[str, int, int]], list[t
                    if not v["user"].startswith("closing"))
     totals = sorted((v["start"], v["users"], v["clicks"]) for v in values("totals"))
     return users, totals
+
+
+class RunLines:
+    """A live run's progress lines (``append`` is its ``progress``) and waits on them, within ``timeout_s``."""
+
+    def __init__(self, timeout_s: float = 600.0) -> None:
+        self.lines: list[str] = []
+        self.append = self.lines.append
+        self.deadline = time.monotonic() + timeout_s
+
+    def said(self, text: str) -> int:
+        """How many lines hold ``text``."""
+        return sum(text in line for line in self.lines)
+
+    def wait(self, what: str, done: Callable[[], bool], run: Any) -> None:
+        """Until ``done()``, calling ``run.check()`` meanwhile (it raises what stopped the run, and starts a
+        failed stage again)."""
+        while not done():
+            run.check()
+            assert time.monotonic() < self.deadline, f"{what}: not in time; the run said {self.lines[-15:]}"
+            time.sleep(0.5)
+
+
+def outage_input(folder: Path) -> tuple[list[dict[str, Any]], dict[str, Any], list[Any], list[Any]]:
+    """60 clicks, the first 20 written as ``part-0``: (rows, the closing click, the users' and the minutes'
+    rows a drained run gives, the closing click's minute included)."""
+    rows = click_rows(60)
+    write_file(folder, "part-0.parquet", rows[:20])
+    closing = closing_row(rows)
+    return rows, closing, expected(rows)[0], expected([*rows, closing])[1]

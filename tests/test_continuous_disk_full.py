@@ -5,11 +5,10 @@ Spark; the disk is filled with a file as a neighbour's log would fill it."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
-from continuous_pipeline import click_rows, closing_row, expected, make, outputs, write_file
+from continuous_pipeline import RunLines, make, outage_input, outputs, write_file
 
 import deltawheel
 
@@ -26,24 +25,10 @@ def test_a_live_pipeline_whose_disk_filled_up_goes_on_in_its_driver_once_freed( 
     reason = disk.mount()
     if reason is not None:
         pytest.skip(reason)
-    rows = click_rows(60)
+    rows, closing, want_users, want_totals = outage_input(tmp_path / "input")
     folder = tmp_path / "input"
-    write_file(folder, "part-0.parquet", rows[:20])
-    closing = closing_row(rows)
-    want_users, _ = expected(rows)
-    _, want_totals = expected([*rows, closing])  # the drain fires the closing click's minute too
-    deadline = time.monotonic() + 600
-    lines: list[str] = []
-
-    def wait(what: str, done, run) -> None:  # type: ignore[no-untyped-def]
-        while not done():
-            run.check()  # raises what stopped the run
-            assert time.monotonic() < deadline, f"{what}: not in 600 s; the run said {lines[-15:]}"
-            time.sleep(0.5)
-
-    def said(text: str) -> int:
-        return sum(text in line for line in lines)
-
+    run_lines = RunLines()
+    lines, wait, said = run_lines.lines, run_lines.wait, run_lines.said
     try:
         with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts,
                                 zk_chroot=zk_config.chroot, pipeline="clicks") as engine:

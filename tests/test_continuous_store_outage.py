@@ -5,13 +5,12 @@ again on the same data and port), ZooKeeper and Spark."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 from conftest import free_port
-from continuous_pipeline import click_rows, closing_row, expected, make, outputs, write_file
+from continuous_pipeline import RunLines, make, outage_input, outputs, write_file
 
 import deltawheel
 from deltawheel.servers.s3proxy import S3ProxyServer
@@ -35,25 +34,11 @@ def test_a_live_pipeline_whose_object_store_went_away_goes_on_in_its_driver_and_
     configure_bucket(spark, server.endpoint, bucket)
     layout = StoreLayout(f"s3a://{bucket}/store")
     migrations.apply(spark, layout, dry_run=False)
-    rows = click_rows(60)
+    rows, closing, want_users, want_totals = outage_input(tmp_path / "input")
     folder = tmp_path / "input"
-    write_file(folder, "part-0.parquet", rows[:20])
-    closing = closing_row(rows)
-    want_users, _ = expected(rows)
-    _, want_totals = expected([*rows, closing])  # the drain fires the closing click's minute too
-    deadline = time.monotonic() + 600
+    run_lines = RunLines()
+    lines, wait, said = run_lines.lines, run_lines.wait, run_lines.said
     connection = dict(store=layout.root, zk=zk_config.hosts, zk_chroot=zk_config.chroot, pipeline="clicks")
-    lines: list[str] = []
-
-    def wait(what: str, done, run) -> None:  # type: ignore[no-untyped-def]
-        while not done():
-            run.check()
-            assert time.monotonic() < deadline, f"{what}: not in 600 s; the run said {lines[-15:]}"
-            time.sleep(0.5)
-
-    def said(text: str) -> int:
-        return sum(text in line for line in lines)
-
     try:
         with deltawheel.connect(spark, **connection) as engine:
             # restarts used up: the run stops with the store's typed error, a retry for a supervisor

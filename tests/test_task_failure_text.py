@@ -52,3 +52,24 @@ def test_an_input_file_whose_store_did_not_answer_is_a_retry_not_a_bad_file() ->
     truncated = ("InputFileError: input file /in/part-3.parquet cannot be read (java.io.EOFException: reached the "
                  "end of the file early); the batch was not committed.\n")
     assert isinstance(task_failure(RuntimeError(truncated), "ledger", 3), InputFileError)
+
+
+def test_a_jvm_that_went_away_ends_a_command_typed_not_with_a_traceback() -> None:
+    """Found by the 10-minute chaos run: a driver whose JVM stopped answering (py4j's connection
+    refused after Delta's "No active or default Spark session found") exited 1 with a traceback."""
+    from deltawheel.statestore.exceptions import SparkGoneError, exit_code
+    from py4j.protocol import Py4JNetworkError
+
+    from deltawheel.cli import _typed
+
+    try:
+        try:
+            raise Py4JNetworkError("Answer from Java side is empty")
+        except Py4JNetworkError:
+            raise ConnectionRefusedError(111, "Connection refused")  # noqa: B904 - as py4j chains it
+    except ConnectionRefusedError as exc:
+        gone = _typed(exc)
+    assert isinstance(gone, SparkGoneError) and exit_code(gone) == 9, gone
+    stopped = RuntimeError("[INTERNAL_ERROR] No active or default Spark session found SQLSTATE: XX000")
+    assert isinstance(_typed(stopped), SparkGoneError)
+    assert _typed(RuntimeError("something else")) is None

@@ -16,6 +16,7 @@ from deltawheel.statestore.exceptions import (
     DiskFullError,
     LeaseLostError,
     LeaseSuspendedError,
+    SparkGoneError,
     disk_full,
     exit_code,
 )
@@ -113,9 +114,26 @@ def _typed(exc: Exception, store: object = None) -> DeltaWheelError | None:
     if isinstance(exc, SessionExpiredError):  # ConnectionClosedError too: the session is gone for good
         return LeaseLostError(f"the ZooKeeper session expired ({cause}): its leases are gone; run the command "
                               "again (it takes them back)")
+    if _spark_gone(exc):
+        return SparkGoneError(f"the driver's JVM stopped answering or stopped Spark ({cause}); run the command "
+                              "again: it resumes from its checkpoints")
     if isinstance(store, str) and store.startswith("s3a://"):
         from deltawheel.statestore.objectstore.errors import store_failure
 
         return store_failure(exc, store)
     return None
+
+
+def _spark_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` or an error it came from says the JVM behind py4j is gone or Spark stopped."""
+    cur: BaseException | None = exc
+    for _ in range(20):
+        if cur is None:
+            return False
+        if type(cur).__name__ == "Py4JNetworkError" or any(
+                m in str(cur) for m in ("No active or default Spark session", "SparkContext was shut down",
+                                        "Cannot call methods on a stopped SparkContext")):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
 

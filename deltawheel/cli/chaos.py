@@ -10,14 +10,14 @@ __all__ = ["register", "replay_command"]
 
 MEAN_GAP_S = 5.0
 TMPFS_MB = 128
-TMPFS_MB_PER_HOUR = 512  # what an hour's store grows to when gc runs seldom (a 15-minute run filled 128 MiB)
+TMPFS_MB_PER_HOUR = 768  # what an hour's store grows to when gc runs seldom (10 minutes filled 128 MiB)
 
 
 def tmpfs_mb(seconds: float) -> int:
     """The default tmpfs for a run of ``seconds``: 128 MiB and a third more than the store grows to.
 
-    >>> tmpfs_mb(60), tmpfs_mb(900), tmpfs_mb(3600)
-    (139, 298, 810)
+    >>> tmpfs_mb(60), tmpfs_mb(600), tmpfs_mb(3600)
+    (145, 298, 1152)
     """
     return TMPFS_MB + int(seconds / 3600 * TMPFS_MB_PER_HOUR * 4 / 3)
 
@@ -36,8 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--bound", type=float, default=600.0,
                    help="seconds within which every stream must commit after a fault heals (default 600)")
     p.add_argument("--store-tmpfs-mb", type=int, default=None,
-                   help="MiB of a tmpfs over the store for disk-full (root only; default 128 and 512 an hour "
-                        "of --seconds, a third more: 298 for 15 minutes, 810 for an hour; 0: none)")
+                   help="MiB of a tmpfs over the store for disk-full (root only; default 128 and 768 an hour "
+                        "of --seconds, a third more: 298 for 10 minutes, 1152 for an hour; 0: none)")
     p.add_argument("--kinds", default="",
                    help="comma-separated fault kinds the schedule draws from (default: every kind)")
     p.add_argument("--object-store", action="store_true",

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ContinuousRun", "StopReport", "RESTARTS"]
 
+
 class _Stopping(Exception):
     """Raised in a batch Spark begins while the run stops: nothing of it runs (it runs again at the next start)."""
 

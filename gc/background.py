@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from deltawheel.statestore.delta.jvm import activate
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 
@@ -164,6 +165,7 @@ class BackgroundGc:
         n = self.runs
         self._say(f"background gc #{n} started")
         try:
+            activate(self.spark)  # its commits, from this thread: Delta's post-commit work needs a session
             now_ms = int(time.time() * 1000)
             gap, settled = audit_gaps(self.spark, self.layout, before_ms=now_ms - self.audit_grace_ms)  # before a log clean-up
             report = run_gc(self.spark, self.layout, now_ms=now_ms, apply=True, **self._options)

@@ -60,6 +60,18 @@ class MinuteTotals(Computation):
         ctx.state = None
 
 
+class FailsOn(Computation):
+    """Counts clicks per user, and raises on the user ``bad`` (user code that fails in a live stage)."""
+    name = "fails_on"
+    inputs = {"clicks": RECORD_KEY}
+    outputs = ()
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        if ctx.key == "bad":
+            raise ValueError(f"no clicks from {ctx.key} " + "x" * 5000)  # a long message, as user code's can be
+        ctx.state = (ctx.state or 0) + 1
+
+
 SCHEMA = "user STRING, ts BIGINT, id STRING"
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from continuous_pipeline import click_rows, closing_row, expected, make, outputs, write_file
+from continuous_pipeline import FailsOn, click_rows, closing_row, expected, make, outputs, write_file
 from deltawheel.executor.drivers.triggers import Trigger
-from deltawheel.executor.exceptions import BatchFailedError
+from deltawheel.executor.exceptions import BatchFailedError, UserCodeError
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
@@ -159,6 +159,40 @@ def test_two_live_stages_the_second_started_first_give_every_row_once(spark, zk_
         assert held_leases(zk_config, "clicks") == []
     stopped = [line for line in lines if "stopped 1 queries after their batch in flight" in line]
     assert len(stopped) == 2 and all("deliveries landed, leases given back" in line for line in stopped), lines[-20:]
+
+
+@pytest.mark.timeout(300)
+def test_user_code_failing_in_a_live_stage_stops_the_run_naming_the_key(
+        spark, zk_config, tmp_path, migrated_at) -> None:  # type: ignore[no-untyped-def]
+    """As a user meets it: ``process_record`` raises on one user's record while the pipeline runs.
+    The run raises UserCodeError naming the key and the error, the failed batch counts nothing, no
+    lease stays held, and Spark's query ended on one short line (the driver holds the error:
+    Py4J's nested tracebacks once overflowed a regex's stack in Spark's query thread)."""
+    from deltawheel import ParquetInjector, Pipeline
+
+    folder, store = tmp_path / "input", tmp_path / "store"
+    migrated_at(store)
+    clicks = ParquetInjector("clicks", str(folder), key_column="user", event_time_column="ts",
+                             record_id_column="id", watermark_delay_ms=0, max_files_per_trigger=1,
+                             schema="user STRING, ts BIGINT, id STRING")
+    p = Pipeline("fails", injectors=(clicks,), computations=(FailsOn(),))
+    write_file(folder, "part-0.parquet", [{"user": "u1", "ts": 1, "id": "a"}, {"user": "u2", "ts": 2, "id": "b"}])
+    with deltawheel.connect(spark, store=str(store), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+                            pipeline="fails") as engine:
+        run = engine.start_pipeline(p, trigger="300 milliseconds")
+        try:
+            ex = run.executors["fails_on"]
+            wait_for("the first file's batch", lambda: ex.records_in_total >= 2, runs=(run,))
+            write_file(folder, "part-1.parquet", [{"user": "u1", "ts": 3, "id": "c"}, {"user": "bad", "ts": 4, "id": "d"}])
+            with pytest.raises(UserCodeError, match=r"fails_on: user code failed for key 'bad'.*no clicks from bad"):
+                wait_for("the failing batch", lambda: False, timeout_s=120, runs=(run,))
+            err = run.queries["fails_on"].exception()
+            assert err is not None and "UserCodeError: fails_on: user code failed for key 'bad'" in str(err), str(err)[:500]
+            assert "x" * 1000 not in str(err) and len(str(err)) < 10_000, str(err)[:500]  # ~20,000 with every trace
+        finally:
+            run.stop()
+        assert ex.records_in_total == 2  # the failed batch counted nothing
+    assert held_leases(zk_config, "fails") == []
 
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -49,6 +49,10 @@ class _Stopping(Exception):
     """Raised in a batch Spark begins while the run stops: nothing of it runs (it runs again at the next start)."""
 
 
+class _Failed(Exception):
+    """What a batch that failed with a typed error raises to Spark; the stage keeps the error itself."""
+
+
 class ContinuousRun:
     """A pipeline's computations running unbounded; made (and started) by ``engine.start_pipeline``.
     ``triggers``: per computation name, over ``trigger``; ``computations``: those this process runs
@@ -414,13 +418,14 @@ class ContinuousRun:
                     stage.next_caps = upstream_caps(authority, p.upstream(comp))
                     ex.next_batch_inputs(stage.inputs(stage.next_caps))
                     self._hand_over(stage)  # a tool's request that came during the batch: at its end
-                except DeltaWheelError as exc:
-                    stage.failed.append(exc)
-                    raise
                 except Exception as exc:  # the store failed under Spark's or pyarrow's call: typed here
-                    if (typed := self._store_failure(exc)) is not None:
-                        stage.failed.append(typed)
-                    raise
+                    typed = exc if isinstance(exc, DeltaWheelError) else self._store_failure(exc)
+                    if typed is None:
+                        raise
+                    stage.failed.append(typed)
+                    # the driver holds the typed error: Spark's query gets one short line, not Py4J's
+                    # nested tracebacks (Spark's regexes overflow a thread's stack on such text)
+                    raise _Failed(f"{comp.name} batch {batch_id}: {first_line(typed)[:200]}") from None
             finally:
                 stage.lock.release()
 
@@ -434,6 +439,7 @@ class ContinuousRun:
 
     def _tick_loop(self) -> None:
         assert self._handover is not None
+        activate(self.spark)  # a tick's timer batch commits from this thread
         while not self._stopping.is_set():
             self._handover.wait(self.tick_s)  # a tick, or woken by a tool's request (or the stop)
             if self._stopping.is_set():

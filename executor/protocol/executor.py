@@ -96,6 +96,7 @@ class ComputationExecutor:
 
     def start(self, *, wait_s: float = 0.0, streams_ready: bool = True) -> None:
         """Acquire, fence, recover and redeliver; ``streams_ready``: wait for the output tables too."""
+        activate(self.spark)  # a start in a thread of its own commits (the fence) through Delta's JVM API
         self._protocol.watermarks.require_source()
         t_start = time.monotonic()
         authority = self.authority

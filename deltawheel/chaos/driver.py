@@ -43,7 +43,11 @@ class Driver:
         said = [ln for ln in lines if ln.startswith("deltawheel run:")]
         if said:
             return said[-1][len("deltawheel run:"):].strip()[:300]
-        return f"no error line; the last: {lines[-1].strip()[:260]}" if lines else "no error line"
+        # the JVM's own words, should it have died: an error of its own, or a crash report beside the log
+        jvm = [ln.strip() for ln in lines if any(m in ln for m in _JVM_DIED)]
+        reports = sorted(str(p.name) for p in self.log.parent.glob(f"hs_err_{self.name}_*.log"))
+        told = "".join(f"; the JVM: {jvm[0][:200]}" for _ in jvm[:1]) + "".join(f"; {r}" for r in reports[-1:])
+        return (f"no error line; the last: {lines[-1].strip()[:260]}" if lines else "no error line") + told
 
     def start(self) -> None:
         """Start the command (again), a ``--- start N`` line first in its log."""
@@ -68,6 +72,8 @@ class Driver:
             self.proc.wait(timeout=60)
 
 
+_JVM_DIED = ("java.lang.OutOfMemoryError", "A fatal error has been detected", "StackOverflowError",
+             "Exception in thread \"main\"")
 MARKS = ("pyspark.daemon", "pyspark.worker")
 
 

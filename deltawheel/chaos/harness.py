@@ -166,6 +166,10 @@ class _Harness:
         env = {**os.environ, INPUT_ENV: str(self.input), "PYTHONUNBUFFERED": "1", **(self.s3.env if self.s3 else {})}
         if driver is not None and self.netcut is not None and self.s3 is not None:
             env[ENV_ENDPOINT] = self.netcut.s3_endpoint(driver)
+        if driver is not None:  # a driver lives the whole run, through many query starts: room for their
+            # compiled code (a 48-MiB cache filled), and the JVM's own report should it die
+            env["SPARK_SUBMIT_OPTS"] = " ".join([env.get("SPARK_SUBMIT_OPTS", ""), "-XX:ReservedCodeCacheSize=256m",
+                                                 f"-XX:ErrorFile={self.logs}/hs_err_{driver}_%p.log"]).strip()
         return env
 
     def make_drivers(self) -> None:

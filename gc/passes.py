@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from deltawheel.statestore.delta.create import tables_below
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.fencing import is_conflict, on_conflict_again
 from deltawheel.statestore.rowtable.tables import rows_tables
@@ -25,7 +26,7 @@ __all__ = ["GcAction", "GcReport", "run_gc", "VacuumRetentionError", "ReplayHori
            "MIN_VACUUM_RETAIN_HOURS", "METRICS_RETENTION_HOURS", "check_replay_horizon"]
 
 MIN_VACUUM_RETAIN_HOURS = 168.0  # Delta's delta.deletedFileRetentionDuration default (one week)
-METRICS_RETENTION_HOURS = 720.0  # rows of _metrics/batches kept by default (30 days)
+METRICS_RETENTION_HOURS = 720.0  # rows of the metrics tables kept by default (30 days)
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,10 @@ def _tables(spark: Any, layout: StoreLayout) -> list[tuple[str, str]]:
     out += [("dead_letters", layout.dead_letters), ("late_data", layout.late_data)]
     out += [(s, layout.stream(s)) for s in list_streams(spark, layout)]
     if not layout.is_local or os.path.isdir(os.path.join(layout.metrics_batches, "_delta_log")):
-        if _is_delta(spark, layout.metrics_batches):
+        if _is_delta(spark, layout.metrics_batches):  # the store-wide table of older deltawheels
             out.append(("_metrics/batches", layout.metrics_batches))
+    out += [(f"_metrics/computations/{c}", layout.metrics_of(c))
+            for c in tables_below(spark, layout.metrics_root, what="metrics tables")]
     return [(n, p) for n, p in out if not layout.is_local or os.path.isdir(os.path.join(p, "_delta_log"))]
 
 
@@ -90,7 +93,7 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
                                    log_retention_ms=log_retention_ms, keep_replay_ms=keep_replay_ms)
     tables = _tables(spark, layout)
     streams = sum(1 for _, path in tables if path.startswith(layout.streams_root))
-    metrics = [(n, p) for n, p in tables if p == layout.metrics_batches]
+    metrics = [(n, p) for n, p in tables if p == layout.metrics_batches or p.startswith(layout.metrics_root + "/")]
     recorded = [(pass_name, name, path, ms) for pass_name, name, path, ms in (
         ("late_data_retention", "late_data", layout.late_data, late_data_retention_ms),
         ("dead_letter_retention", "dead_letters", layout.dead_letters, dead_letter_retention_ms))

@@ -77,8 +77,19 @@ class StoreLayout:
 
     @property
     def metrics_batches(self) -> str:
-        """The ``_metrics/batches`` table: one row of figures per computation batch."""
+        """The store-wide ``_metrics/batches`` table older deltawheels appended to (still read and
+        collected); each computation's batches go to :meth:`metrics_of`."""
         return f"{self.root}/_metrics/batches"
+
+    @property
+    def metrics_root(self) -> str:
+        """The folder holding one metrics table per computation."""
+        return f"{self.root}/_metrics/computations"
+
+    def metrics_of(self, computation: str) -> str:
+        """The metrics table of ``computation``: one row of figures per batch (its own, so that the
+        computations of a store do not race for one table's next version)."""
+        return f"{self.metrics_root}/{validate_name('computation', computation)}"
 
     @property
     def audit(self) -> str:

@@ -85,8 +85,9 @@ def test_each_committed_batch_appends_one_metrics_row(spark, finished) -> None: 
 
     ex, migrated_store, _zk, waiting = finished
     assert waiting == [3]  # gathered, not yet written: one append for the interval's rows
-    log = Path(migrated_store.metrics_batches) / "_delta_log"
+    log = Path(migrated_store.metrics_of("buckets")) / "_delta_log"  # the computation's own table
     assert len(list(log.glob("*.json"))) == 2  # the table's creation and the one append of three rows
+    assert not Path(migrated_store.metrics_batches).exists()  # the store-wide table of older deltawheels
     rows = read_batches(migrated_store)
     assert [(r["pipeline"], r["computation"], r["instance"], r["batch_id"]) for r in rows] == [
         ("test", "buckets", "w", 0), ("test", "buckets", "w", 1), ("test", "buckets", "w", 2)]
@@ -100,13 +101,13 @@ def test_each_committed_batch_appends_one_metrics_row(spark, finished) -> None: 
         assert row["low_watermark_ms"] == rep.low_watermark_ms
         assert row["write_path"] == "image" and row["state_bytes"] > 0 and row["state_rows"] >= 1
     # the table is a Delta table like the others: Spark reads the same rows
-    assert spark.read.format("delta").load(migrated_store.metrics_batches).count() == 3
+    assert spark.read.format("delta").load(migrated_store.metrics_of("buckets")).count() == 3
 
 
 def test_a_metrics_failure_never_fails_the_batch(spark, migrated_store, zk_config, caplog) -> None:  # type: ignore[no-untyped-def]
     """A plain file where the metrics table should be: the batch commits, a warning says why."""
-    os.makedirs(os.path.dirname(migrated_store.metrics_batches))
-    Path(migrated_store.metrics_batches).write_text("not a table")
+    os.makedirs(os.path.dirname(migrated_store.metrics_of("buckets")))
+    Path(migrated_store.metrics_of("buckets")).write_text("not a table")
     ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter())
     try:
         with caplog.at_level("WARNING"):
@@ -118,6 +119,25 @@ def test_a_metrics_failure_never_fails_the_batch(spark, migrated_store, zk_confi
     finally:
         stop_executor(ex, client)
     assert spark.read.format("delta").load(migrated_store.rows_of("buckets")).where("computation = 'buckets'").count() >= 1
+
+
+def test_status_reads_the_store_wide_metrics_table_of_an_older_deltawheel_beside_the_computations_own(
+        spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    """A store an older deltawheel wrote keeps its ``_metrics/batches`` rows: they are read with the
+    rows of each computation's own table, in time order, and gc collects and expires all of them."""
+    from deltawheel.executor.protocol.metrics import BatchMetrics, read_batches
+    from deltawheel.gc.passes import run_gc
+
+    assert BatchMetrics(spark, migrated_store).append({"batch_id": 0, "computation": "a", "recorded_ms": 1})
+    assert BatchMetrics(spark, migrated_store, "a").append({"batch_id": 1, "computation": "a", "recorded_ms": 2})
+    assert BatchMetrics(spark, migrated_store, "b").append({"batch_id": 0, "computation": "b", "recorded_ms": 3},
+                                                          {"batch_id": 1, "computation": "b", "recorded_ms": 9_000_000_000_000})
+    assert [(r["computation"], r["batch_id"]) for r in read_batches(migrated_store)] == [
+        ("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    gc = run_gc(spark, migrated_store, now_ms=10_000_000, apply=True, metrics_retention_ms=1_000_000)
+    expired = {a.table for a in gc.actions if a.pass_name == "metrics_retention"}
+    assert expired == {"_metrics/batches", "_metrics/computations/a", "_metrics/computations/b"}, gc.lines()
+    assert [(r["computation"], r["batch_id"]) for r in read_batches(migrated_store)] == [("b", 1)]
 
 
 def test_metrics_land_from_the_writer_thread_when_the_jvm_has_no_default_session(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]

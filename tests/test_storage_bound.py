@@ -99,7 +99,7 @@ def _figures(layout, zk) -> dict[str, tuple[int, int, int]]:  # type: ignore[no-
                                                           ("counts", layout.stream("counts")),
                                                           ("dead_letters", layout.dead_letters),
                                                           ("late_data", layout.late_data),
-                                                          ("_metrics/batches", layout.metrics_batches))
+                                                          ("_metrics/buckets", layout.metrics_of("buckets")))
            if os.path.isdir(os.path.join(path, "_delta_log"))}
     out["zookeeper"] = (_zk_nodes(zk), 0, 0)
     return out

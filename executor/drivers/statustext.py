@@ -73,7 +73,7 @@ def render(st: StoreStatus, *, batches: int = 3) -> str:
                      f"{late_flagged} flagged late by the batches recorded")
         lines.append(f"  pending productions {_pending(st, pipeline, comp, running=bool(held))}")
         if not rows:
-            lines.append("  batches           none recorded (the store's _metrics/batches table has no row for it)")
+            lines.append("  batches           none recorded (its metrics table has no row yet)")
             continue
         total_in = sum(int(r["records_in"] or 0) for r in rows)
         lines.append(f"  batches           {len(rows)} recorded, {total_in} records in")

@@ -72,7 +72,7 @@ class ComputationExecutor:
                                                    spark.sparkContext.defaultParallelism))
         self.reports: collections.deque[BatchReport] = collections.deque(maxlen=REPORTS_KEPT)
         self.records_in_total = 0
-        self.metrics: BatchMetrics | None = BatchMetrics(spark, layout)  # _metrics/batches rows (None: off)
+        self.metrics: BatchMetrics | None = BatchMetrics(spark, layout, computation.name)  # its metrics rows (None: off)
         self.shared = shared  # the input of instances sharing the intervals (``rescale.py``); None: none
         self.positions = positions  # records each batch's input positions in its commit (replay); None: none
         self._protocol = BatchProtocol(self)  # the seven steps of each batch (``batch.py``)

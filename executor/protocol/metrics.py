@@ -1,4 +1,4 @@
-"""Per-batch figures: the store's ``_metrics/batches`` table (never failing a batch), observed metrics."""
+"""Per-batch figures: a metrics table per computation (never failing a batch), observed metrics."""
 
 from __future__ import annotations
 
@@ -114,14 +114,16 @@ def state_size(files: Mapping[int, Sequence[Any]] | None) -> tuple[int | None, i
 
 
 class BatchMetrics:
-    """Appends the executor's per-batch rows to ``_metrics/batches`` from one background thread."""
+    """Appends the executor's per-batch rows to its computation's metrics table from one background
+    thread (``computation`` None: the store-wide ``_metrics/batches`` of older deltawheels)."""
 
     MAX_QUEUED = 1000  # rows waiting beyond this are dropped (with a warning): the writer is stuck
     interval_s = 5.0  # rows are gathered this long before one append (status and report lag by as much)
 
-    def __init__(self, spark: Any, layout: StoreLayout) -> None:
+    def __init__(self, spark: Any, layout: StoreLayout, computation: str | None = None) -> None:
         self.spark = spark
         self.layout = layout
+        self.computation = computation
         self._created = False
         self._log: Any = None  # TableLog of the table (the pyarrow route), built on first use
         self._files: Any = None
@@ -134,7 +136,7 @@ class BatchMetrics:
     @property
     def path(self) -> str:
         """The table's path."""
-        return self.layout.metrics_batches
+        return self.layout.metrics_batches if self.computation is None else self.layout.metrics_of(self.computation)
 
     def submit(self, row: Mapping[str, Any]) -> None:
         """Append ``row`` in the background (:meth:`append` in the writer thread)."""
@@ -238,12 +240,28 @@ class BatchMetrics:
         self._created = True
 
 
+def metrics_tables(layout: StoreLayout, spark: Any = None) -> list[str]:
+    """The paths of the store's metrics tables: each computation's, and the store-wide one of older
+    deltawheels (listed whether or not it exists)."""
+    from deltawheel.statestore.delta.create import tables_below
+
+    return [layout.metrics_batches] + [layout.metrics_of(c) for c in tables_below(spark, layout.metrics_root,
+                                                                                  what="metrics tables")]
+
+
 def read_batches(layout: StoreLayout, *, spark: Any = None, pipeline: str | None = None) -> list[dict[str, Any]]:
-    """The metrics rows of ``layout``, oldest first ([] before the table exists)."""
+    """The metrics rows of ``layout`` (every metrics table), oldest first ([] before any exists)."""
+    rows = [r for path in metrics_tables(layout, spark) for r in _read_table(path, spark)]
+    if pipeline is not None:
+        rows = [r for r in rows if r["pipeline"] == pipeline]
+    return sorted(rows, key=lambda r: (r["recorded_ms"], r["computation"], r["batch_id"]))
+
+
+def _read_table(path: str, spark: Any) -> list[dict[str, Any]]:
+    """The rows of one metrics table ([] before it exists)."""
     from deltawheel.statestore.delta.log import local_table_exists, read_snapshot
     from deltawheel.statestore.delta.storefs import local_path
 
-    path = layout.metrics_batches
     local = local_path(path)
     if local is not None and not local_table_exists(path):
         return []
@@ -267,9 +285,7 @@ def read_batches(layout: StoreLayout, *, spark: Any = None, pipeline: str | None
             r["steps_s"] = dict(r["steps_s"])
         for n in _NAMES:  # a file written before a column was added has none: null, as Spark reads it
             r.setdefault(n, None)
-    if pipeline is not None:
-        rows = [r for r in rows if r["pipeline"] == pipeline]
-    return sorted(rows, key=lambda r: (r["recorded_ms"], r["computation"], r["batch_id"]))
+    return rows
 
 
 def observe_input(df: Any, *, name: str = OBSERVED_NAME, event_time_column: str = "timestamp_ms") -> Any:

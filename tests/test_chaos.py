@@ -77,11 +77,13 @@ def test_long_schedules_draw_every_kind_and_seeds_differ() -> None:
     assert plan(SEED, 600) != plan(SEED + 1, 600)
 
 
-def test_a_schedule_without_a_tmpfs_draws_no_disk_full_and_the_tools_share_one_slot() -> None:
+def test_a_schedule_without_a_tmpfs_draws_no_disk_full_and_the_tools_but_promote_share_one_slot() -> None:
     kinds = set(KINDS) - {"disk-full"}
     faults = plan(SEED, 600, kinds=kinds)
     assert "disk-full" not in {f.kind for f in faults} and len({f.kind for f in faults}) >= len(kinds) - 2
-    assert {f.slot for f in plan(SEED, 600) if f.kind in TOOLS} == {"tools"}
+    assert {f.slot for f in plan(SEED, 600) if f.kind in TOOLS and f.kind != "promote"} == {"tools"}
+    promotes = [f for f in plan(SEED, 600) if f.kind == "promote"]  # minutes long: the others run beside it
+    assert promotes and {f.slot for f in promotes} == {"promote"}
     assert {f.slot for f in plan(SEED, 600) if f.kind == "disk-full"} == {"disk"}
     assert all(f.target in INSTANCES for f in faults if f.kind == "worker-kill")
 

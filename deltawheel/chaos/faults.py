@@ -32,7 +32,8 @@ KINDS: dict[str, tuple[int, float, float]] = {
     "promote": (2, 15.0, 15.0),
 }
 
-#: The kinds run in the "tools" slot, one at a time.
+#: The operator tools: one at a time in the "tools" slot, but a promote in a slot of its own (its
+#: replay and catch-up take minutes beside a busy pipeline: the other tools run beside it).
 TOOLS = ("gc", "rebalance", "status", "repair", "upgrade-state", "promote")
 
 
@@ -50,7 +51,8 @@ class PlannedFault:
         """What one fault at a time holds: a driver, the ensemble, the disk, S3Proxy or the tools."""
         if self.target in INSTANCES:
             return self.target
-        return "zk" if self.kind.startswith("zk") else {"disk-full": "disk", "s3proxy-kill": "s3"}.get(self.kind, "tools")
+        return "zk" if self.kind.startswith("zk") else {"disk-full": "disk", "s3proxy-kill": "s3",
+                                                        "promote": "promote"}.get(self.kind, "tools")
 
     def rng(self, seed: int) -> random.Random:
         """This fault's own draws (a worker, a key), fixed by the run's seed."""

@@ -136,12 +136,12 @@ def shared(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
 
 
 def _replay(spark: Any, folder: Path, layout: StoreLayout, zk: ZkConfig, into: Path, *,
-            code: Computation | None = None, **start: Any) -> Any:
+            code: Computation | None = None, progress: Any = None, **start: Any) -> Any:
     from deltawheel.executor.drivers.replay import plan_replay, replay, shadow_chroot
 
     into_layout = StoreLayout(str(into))
     plan = plan_replay(spark, store=layout, into=into_layout, pipeline="sharing", computation=NAME, **start)
-    return replay(spark, plan, code=code or SharedCount(), injectors=(injector(folder),),
+    return replay(spark, plan, code=code or SharedCount(), injectors=(injector(folder),), progress=progress,
                   zk=ZkConfig(hosts=zk.hosts, chroot=shadow_chroot(zk.chroot, into_layout)))
 
 
@@ -177,10 +177,14 @@ def test_replay_of_instances_sharing_intervals_from_the_start_gives_an_empty_dif
     assert live_pending
     late = _late_productions(spark, layout)
     assert late >= 3 * len(expected)  # file 2's records at least, in both instances
-    result = _replay(spark, folder, layout, zk, tmp_path / "shadow", from_start=True)
+    lines: list[str] = []
+    result = _replay(spark, folder, layout, zk, tmp_path / "shadow", from_start=True, progress=lines.append)
     shadow = StoreLayout(str(tmp_path / "shadow"))
     d = result.diff
     assert d is not None and d.empty, d.to_json()
+    # the commits came from a, b, a, b: the replay started an executor per interval set, not per turn
+    # (a start per turn made a promote's catch-up slower than instances committing in turn)
+    assert sum(f"{NAME}: started in" in ln for ln in lines) == 2, [ln for ln in lines if "started" in ln]
     # the replay ran the live commits in version order, each with its own files and intervals
     assert _files_read(spark, shadow) == _files_read(spark, layout)
     assert {k: s for k, (s, _) in state_of(spark, shadow, NAME).items()} == expected

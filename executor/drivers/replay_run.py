@@ -56,8 +56,9 @@ class ReplayRun:
         self.code_spec = code_spec
         self.marker = self._marker(old, source)
         self.engine: Any = None
-        self._ex: ComputationExecutor | None = None
-        self._on: tuple[int, ...] | None = ()
+        # an executor per interval set the live commits ran on: instances sharing the intervals commit
+        # in turn, and a start per batch (leases, fence, recovery) made a catch-up slower than the live run
+        self._held: dict[tuple[int, ...] | None, ComputationExecutor] = {}
 
     def _marker(self, old: Mapping[str, Any] | None, source: str | None) -> dict[str, Any]:
         plan, code = self.plan, self.code
@@ -140,15 +141,21 @@ class ReplayRun:
         return reports
 
     def _executor(self, run_on: tuple[int, ...] | None) -> ComputationExecutor:
-        """The executor holding ``run_on`` (None: every interval of the replay), started if needed."""
-        if self._ex is None or run_on != self._on:
-            if self._ex is not None:
-                self._ex.stop()  # its delivery settled, its leases given back
-                self.engine.executors.remove(self._ex)
-            self._ex = self.engine.executor(self.code, write_path=self.write_path, intervals=run_on,
-                                            manual_watermarks=True, positions=self.inputs)  # the same positions
-            self._on = run_on
-        return self._ex
+        """The executor holding ``run_on`` (None: every interval of the replay), started if needed; one
+        holding any of those intervals otherwise is stopped first (its delivery settled, its leases back)."""
+        if (ex := self._held.get(run_on)) is not None:
+            return ex
+        every = set(range(type(self.code).num_intervals))
+        want = every if run_on is None else set(run_on)
+        for on, other in list(self._held.items()):
+            if want & (every if on is None else set(on)):
+                other.stop()
+                self.engine.executors.remove(other)
+                del self._held[on]
+        made: ComputationExecutor = self.engine.executor(self.code, write_path=self.write_path, intervals=run_on,
+                                                         manual_watermarks=True, positions=self.inputs)
+        self._held[run_on] = made
+        return made
 
     def _reached(self, version: int, *, ran: bool) -> None:
         self.marker["reached"] = version
@@ -158,7 +165,7 @@ class ReplayRun:
 
     def finish(self, to_version: int) -> None:
         """The replay reached live version ``to_version`` (the shadow store is started even with no batch)."""
-        if self._ex is None:
+        if not self._held:
             self._executor(self.plan.intervals)
         self.marker["reached"] = max(to_version, int(self.marker.get("reached") or -1))
         write_marker(self.target, self.marker)

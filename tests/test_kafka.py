@@ -135,6 +135,24 @@ def test_kafka_rows_in_the_stream_schema(spark: Any, kafka_broker: Any, tmp_path
     assert all(r.timestamp_ms is not None and r.timestamp_ms > 1_600_000_000_000 for r in got)
 
 
+def test_a_replayed_batch_in_which_a_partition_had_no_record_reads_the_others(spark: Any, kafka_broker: Any) -> None:
+    """A live batch's ranges with one partition empty (it had no record then): the replay's read of
+    them returns the other partition's records. Subscribed to the whole topic, Spark refused the
+    offsets ("Partitions specified for Kafka start offsets don't match what are assigned")."""
+    from deltawheel.executor.sources.kafka import KafkaInjector
+
+    from deltawheel.servers.kafka import create_topic
+
+    kafka_ready(spark)
+    servers = kafka_broker.bootstrap_servers
+    create_topic(spark, servers, "quiet-partition", partitions=2)
+    produce(spark, servers, "quiet-partition", [(0, f"u{i}", f'{{"page": "/{i}"}}') for i in range(3)])
+    inj = KafkaInjector("clicks", bootstrap_servers=servers, topic="quiet-partition", schema="page STRING",
+                        key_column=None, event_time_column=None, watermark_delay_ms=0)
+    rows = inj.batch_df(spark, {"0": (1, 3), "1": (0, 0)}).collect()
+    assert sorted(r.record_id for r in rows) == ["clicks/quiet-partition/0@1", "clicks/quiet-partition/0@2"]
+
+
 def test_broker_errors_say_what_to_do(spark: Any, kafka_broker: Any, tmp_path: Path) -> None:
     from deltawheel.executor.exceptions import KafkaServerError
     from deltawheel.statestore.process import free_ports

@@ -23,7 +23,7 @@ def mixed_df(spark: Any, inputs: SharedInput, ranges: Mapping[str, Mapping[str, 
     for stream in inputs.comp.inputs:
         inj = inputs.kafka.get(stream)
         if inj is not None:
-            if ranges and ranges.get(inj.topic):
+            if ranges and any(int(end) > int(start) for start, end in ranges.get(inj.topic, {}).values()):
                 frames.append(inj.batch_df(spark, ranges[inj.topic]).withColumn("stream", F.lit(stream)))
             continue
         mine = [f for f in files if "/" not in f] if stream in inputs.parquet \

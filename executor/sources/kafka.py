@@ -239,10 +239,13 @@ class KafkaInjector(_Estimating):
             consumer.close()
 
     def batch_df(self, spark: SparkSession, ranges: Mapping[str, Any]) -> DataFrame:
-        """The records of ``ranges`` (``{partition: (start, end)}``, end exclusive) in the stream schema."""
+        """The records of ``ranges`` (``{partition: (start, end)}``, end exclusive; at least one not empty)
+        in the stream schema. Only the partitions with records are assigned: a subscription assigns every
+        partition of the topic, and Spark refuses offsets that leave some out (a batch in which a
+        partition had no record)."""
         parts = {str(p): r for p, r in ranges.items() if int(r[1]) > int(r[0])}
         reader = (spark.read.format("kafka").option("kafka.bootstrap.servers", self.bootstrap_servers)
-                  .option("subscribe", self.topic)
+                  .option("assign", json.dumps({self.topic: sorted(int(p) for p in parts)}))
                   .option("startingOffsets", json.dumps({self.topic: {p: int(r[0]) for p, r in parts.items()}}))
                   .option("endingOffsets", json.dumps({self.topic: {p: int(r[1]) for p, r in parts.items()}}))
                   .option("failOnDataLoss", "true").options(**self._kafka_options()))

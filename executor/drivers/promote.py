@@ -185,7 +185,9 @@ def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, p
             with tl.phase("catch-up under the leases: the live commits since the check"):
                 newer = commits_since(spark, store, computation, after=seen)
                 marker = run.marker if run is not None else m
-                late = behind(newer, int(marker["reached"]))
+                # every live commit past the replay's reach: those that landed since, and the one the
+                # catch-up before the hand-over may have left (it stops one behind: ``close_gap``'s near)
+                late = behind([*commits, *newer], int(marker["reached"]))
                 if late and run is None:
                     raise ReplayTargetError(_not_caught_up(into, len(late)))
                 if late and run is not None:

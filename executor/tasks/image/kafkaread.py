@@ -97,14 +97,22 @@ def read_ranges(read: KafkaRead, ranges: Sequence[tuple[int, int, int]], *,
     """The records of ``ranges`` (``(partition, from, until)``, until exclusive), exactly those;
     KafkaDataLossError: records of a range are gone and the injector fails on data loss;
     KafkaException: the broker cannot be read within ``timeout_s``."""
+    from confluent_kafka import KafkaError, KafkaException
+
     with _CONSUMERS_LOCK:
-        try:
-            return _read(read, ranges, timeout_s)
-        except BaseException:
-            c = _CONSUMERS.pop((read.servers, read.config), None)
-            if c is not None:
-                c.close()
-            raise
+        for attempt in (1, 2):
+            try:
+                return _read(read, ranges, timeout_s)
+            except BaseException as exc:
+                c = _CONSUMERS.pop((read.servers, read.config), None)
+                if c is not None:
+                    c.close()
+                # a partition added while the kept consumer ran: its metadata does not know it yet, a new one does
+                if attempt == 1 and isinstance(exc, KafkaException) and exc.args \
+                        and getattr(exc.args[0], "code", lambda: None)() == KafkaError._UNKNOWN_PARTITION:  # noqa: SLF001 - librdkafka's own code
+                    continue
+                raise
+    raise AssertionError("unreachable")
 
 
 def _read(read: KafkaRead, ranges: Sequence[tuple[int, int, int]], timeout_s: float) -> KafkaRecords:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
-    "EXIT_CODES", "exit_code", "DeltaWheelError", "RetryableError", "FatalError", "LeaseError",
+    "EXIT_CODES", "exit_code", "chain", "DeltaWheelError", "RetryableError", "FatalError", "LeaseError",
     "LeaseLostError", "LeaseHeldError", "SessionLostError", "SparkGoneError", "LeaseSuspendedError", "NotOwnerError", "StoreMismatchError",
     "StoreInUseError", "StoreDamagedError", "UnknownComputationError", "KeyNeverSeenError",
     "VersionNotFoundError", "CoordinatorStateLostError", "StaleSequencerError", "CommitConflictError",
@@ -80,20 +80,23 @@ class DiskFullError(RetryableError):
     """A write failed for lack of space (a full disk, a quota): nothing it wrote counts; free some, rerun."""
 
 
+def chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the errors it was raised from (``__cause__``, else ``__context__``), each once."""
+    out: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and all(cur is not e for e in out):
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
 def disk_full(exc: BaseException) -> bool:
     """Whether ``exc`` or an error it was raised from is a full disk: an ``OSError`` of ``ENOSPC``
     or ``EDQUOT``, or a Java error (through Py4J) whose message says ``No space left on device``."""
     import errno
 
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if (isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, errno.EDQUOT)) \
-                or "No space left on device" in str(cur):
-            return True
-        cur = cur.__cause__ or cur.__context__
-    return False
+    return any((isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT))
+               or "No space left on device" in str(e) for e in chain(exc))
 
 
 class FatalError(DeltaWheelError):

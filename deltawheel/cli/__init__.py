@@ -17,6 +17,7 @@ from deltawheel.statestore.exceptions import (
     LeaseLostError,
     LeaseSuspendedError,
     SparkGoneError,
+    chain,
     disk_full,
     exit_code,
 )
@@ -126,14 +127,9 @@ def _typed(exc: Exception, store: object = None) -> DeltaWheelError | None:
 
 def _spark_gone(exc: BaseException) -> bool:
     """Whether ``exc`` or an error it came from says the JVM behind py4j is gone or Spark stopped."""
-    cur: BaseException | None = exc
-    for _ in range(20):
-        if cur is None:
-            return False
-        if type(cur).__name__ == "Py4JNetworkError" or any(
-                m in str(cur) for m in ("No active or default Spark session", "SparkContext was shut down",
-                                        "Cannot call methods on a stopped SparkContext")):
-            return True
-        cur = cur.__cause__ or cur.__context__
-    return False
+    return any(type(e).__name__ == "Py4JNetworkError" or any(m in str(e) for m in _SPARK_GONE) for e in chain(exc))
+
+
+_SPARK_GONE = ("No active or default Spark session", "SparkContext was shut down",
+               "Cannot call methods on a stopped SparkContext")
 

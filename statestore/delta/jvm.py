@@ -7,7 +7,7 @@ import threading
 from contextlib import suppress
 from typing import Any, Callable, TypeVar
 
-from ..exceptions import SparkConnectSessionError
+from ..exceptions import SparkConnectSessionError, chain
 
 __all__ = ["jvm", "jsession", "activate", "jcontext", "jframe", "gateway", "require_classic_session",
            "java_errors", "per_owner", "DeltaClasses", "delta_classes"]
@@ -104,13 +104,8 @@ def require_classic_session(spark: Any) -> None:
 def java_errors(exc: BaseException) -> list[tuple[str, dict[str, str]]]:
     """(error condition, message parameters) of each Java throwable behind ``exc`` that has one."""
     out: list[tuple[str, dict[str, str]]] = []
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    jexc = None
-    while cur is not None and id(cur) not in seen and jexc is None:
-        seen.add(id(cur))
-        jexc = getattr(cur, "java_exception", None) or getattr(cur, "_origin", None)
-        cur = cur.__cause__ or cur.__context__
+    jexc = next((j for e in chain(exc) if (j := getattr(e, "java_exception", None) or getattr(e, "_origin", None))),
+                None)
     for _ in range(50):  # a cycle is not followed forever
         if jexc is None:
             break

@@ -50,6 +50,45 @@ def test_an_interval_used_every_batch_is_kept_over_one_used_once() -> None:
     assert cache.hits == 2 and cache.lookups == 8
 
 
+@pytest.mark.parametrize("intervals,room", [(4, 1), (8, 1), (8, 2), (16, 1), (16, 4), (32, 6)])
+def test_a_worker_holding_more_intervals_than_fit_keeps_some_instead_of_evicting_each_before_its_use(
+        intervals, room) -> None:  # type: ignore[no-untyped-def]
+    """Each batch looks up every interval in turn and writes its new image; room for ``room`` of
+    them and half of one more. LRU evicts every image before its next use; the window-aware policy does not
+    keep a new image whose next use is further than every kept one's, and closes at least half of
+    LRU's gap to Belady's optimum on the same lookups."""
+    from deltawheel.benchmarks.cachebench import replay_trace, replay_trace_opt
+
+    events = []
+    for b in range(10):
+        for iv in range(intervals):
+            events.append({"op": "get", "comp": "c", "iv": iv, "paths": [f"iv{iv}-b{b - 1}"] if b else [],
+                           "bytes": 100 if b else 0, "wm": None, "next_ev": None})
+            events.append({"op": "put", "comp": "c", "iv": iv, "paths": [f"iv{iv}-b{b}"], "bytes": 100,
+                           "next_ev": None})
+    bound = room * 100 + 50
+    lru, window = (replay_trace(events, p, bound)["hits"] for p in ("lru", "window"))
+    best = replay_trace_opt(events, bound)["hits"]
+    assert lru == 0 and best > 0
+    assert window - lru >= (best - lru) / 2
+
+
+def test_an_image_whose_interval_another_worker_took_goes_before_the_ones_still_used() -> None:
+    """Four intervals every batch, then interval 0 runs on another worker: its last image here is
+    no longer looked up. Once its use is missed by a whole batch it is expected no more, and goes
+    before the images of the three intervals still run here (room for three and a half)."""
+    cache = ImageCache(350)
+    hits = []
+    for b in range(10):
+        for iv in range(4) if b < 3 else range(1, 4):
+            before = cache.hits
+            cache.get((f"iv{iv}-b{b - 1}",), slot=("c", iv))
+            hits.append(cache.hits - before)
+            cache.put((f"iv{iv}-b{b}",), "x", nbytes=100, slot=("c", iv), group="c")
+    assert ("iv0-b2",) not in cache
+    assert hits[-9:] == [1] * 9  # the last three batches: every lookup a hit
+
+
 def _held(cache: ImageCache, iv: int, n: int) -> list[int]:
     return [b for b in range(n) if (f"iv{iv}-b{b}",) in cache]
 

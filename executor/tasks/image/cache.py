@@ -106,7 +106,7 @@ class ImageCache:
         while self.bytes > self.max_bytes and len(self._entries) > 1:
             self._drop(self._victim(keep=key))
             self.evictions += 1
-        if self.bytes > self.max_bytes:  # the one image alone is over the bound: not kept
+        if self.bytes > self.max_bytes and key in self._entries:  # the one image alone is over the bound
             self._drop(key)
             self.evictions += 1
 
@@ -140,7 +140,9 @@ class ImageCache:
                 return _NEVER
             last, gap = self._uses.get(slot, (e.last, None))
             if gap is not None:
-                best = max(0.0, last + gap - self.tick)
+                due = last + gap - self.tick
+                # a use missed by a whole rhythm: another worker runs the interval now (or nobody)
+                best = max(0.0, due) if due > -gap else _NEVER
                 per_batch = gap
         wm = self._wm.get(e.group)
         if e.next_ev is not None and wm is not None:
@@ -154,6 +156,10 @@ class ImageCache:
         cands = [k for k in self._entries if k != keep]
         if self.policy == "lru":
             return min(cands, key=lambda k: self._entries[k].last)
+        if keep in self._entries and self.next_use(keep) < _NEVER:
+            # the new image itself, when its next use is known and further than every other's: not kept
+            # (else a cycle over more intervals than fit evicts each image before its use, as LRU does)
+            cands.append(keep)
         # furthest next use first; among equals (none expected), least recently used first
         return max(cands, key=lambda k: (self.next_use(k), -self._entries[k].last))
 

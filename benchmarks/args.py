@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 __all__ = ["SIZE_NAMES", "add_throughput_arguments", "add_cache_arguments", "add_watermark_arguments", "add_latency_arguments",
-           "DEFAULT_CAPACITIES", "add_commits_arguments", "pick_names"]
+           "DEFAULT_CAPACITIES", "add_commits_arguments", "add_state_arguments", "pick_names"]
 
 DEFAULT_CAPACITIES = (0.02, 0.05, 0.1, 0.2, 0.4)
 #: the named workload sizes (``workload.SIZES``; docs/benchmarks.md, "The workload")
@@ -142,3 +142,23 @@ def add_commits_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ensemble", action="store_true", help="a three-server ZooKeeper ensemble")
     p.add_argument("--quick", action="store_true", help="a small run: writers 1,2, local only, 4 s per point")
 
+
+
+def add_state_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the large-state benchmark's options (keys, passes, batch size, intervals, cache shares) to ``p``."""
+    p.add_argument("--out", default="bench-out/state", help="output folder for state.json, state.png and the "
+                   "stores (default bench-out/state)")
+    p.add_argument("--keys", type=int, default=10_000_000, help="distinct keys, each kept for ever (default 10,000,000)")
+    p.add_argument("--passes", type=int, default=2, help="shuffled passes over the keys (default 2)")
+    p.add_argument("--per-file", type=int, default=1_000_000,
+                   help="records per input file, one file per micro-batch (default 1,000,000)")
+    p.add_argument("--intervals", type=int, default=16,
+                   help="key intervals (and Spark SQL's state partitions; default 16)")
+    p.add_argument("--cache", default="0.1,0.25",
+                   help="each worker's image cache bound, as shares of its state (default 0.1,0.25)")
+    p.add_argument("--engines", default="deltawheel,spark_sql", help="comma-separated: deltawheel, spark_sql")
+    p.add_argument("--scale", type=int, default=10,
+                   help="the restart is measured on stores of KEYS/SCALE and of KEYS keys (default 10)")
+    p.add_argument("--restart-records", type=int, default=10_000,
+                   help="records of the file each restart runs (0: no restart; default 10,000)")
+    p.add_argument("--timeout", type=float, default=7200.0, help="seconds one run may take (default 7200)")

@@ -23,7 +23,7 @@ from .workload import DELAY_MS, WIN_MS, WorkloadParams, ensure_workload
 
 __all__ = ["Batch", "Trace", "build_trace", "replay", "replay_opt", "run_cache_bench", "format_table",
            "run_from_args", "DEFAULT_CAPACITIES", "read_trace", "replay_trace", "replay_trace_opt", "run_trace_bench",
-           "format_trace_table"]
+           "format_trace_table", "peak_live_bytes"]
 
 BATCH_MS = 1_000  # processing time between batches in the replay (no processing-time timers here)
 
@@ -258,7 +258,8 @@ def replay_trace_opt(events: list[dict[str, Any]], max_bytes: int) -> dict[str, 
     return {"lookups": lookups, "hits": hits, "evictions": evictions}
 
 
-def _peak_live_bytes(events: list[dict[str, Any]]) -> int:
+def peak_live_bytes(events: list[dict[str, Any]]) -> int:
+    """The most bytes of live images (each interval's current one) the worker held at once."""
     live: dict[tuple[str, int], int] = {}
     peak = 0
     for e in events:
@@ -276,7 +277,7 @@ def run_trace_bench(folder: Path, *, out: Path, shares: Sequence[float]) -> dict
         for policy in ("lru", "window", "opt"):
             tot = {"lookups": 0, "hits": 0, "evictions": 0}
             for events in workers.values():
-                cap = max(1, int(share * _peak_live_bytes(events)))
+                cap = max(1, int(share * peak_live_bytes(events)))
                 got = replay_trace_opt(events, cap) if policy == "opt" else replay_trace(events, policy, cap)
                 for c in tot:
                     tot[c] += got[c]

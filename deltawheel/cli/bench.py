@@ -43,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
          "and without an instance name (docs/continuous.md)", bench_args.add_restart_arguments, "restart"),
         ("commits", "the commit ceiling of one store: N writers' batches on a folder and on s3a:// behind "
          "real network latency (Toxiproxy; docs/scale.md)", bench_args.add_commits_arguments, "commits"),
+        ("state", "state larger than the workers' caches: records/s against Spark SQL (RocksDB), the cache "
+         "policies on the run's trace, restart time at 1x and 10x the state (docs/scale.md)",
+         bench_args.add_state_arguments, "largestate"),
         ("tasks", "run image tasks captured with DELTAWHEEL_TASK_CAPTURE=DIR again in one process and print "
          "their CPU seconds", add_tasks_arguments, "taskreplay"),
     ]

@@ -100,7 +100,10 @@ def run_deltawheel(spec: dict[str, Any], spark: Any) -> dict[str, Any]:
             # a restart's start: seconds from the process's start to each step
             "executor_started_s": None if started is None else round(started - STARTED, 3),
             "first_batch_s": None if first_batch is None else round(first_batch - STARTED, 3),
-            "run_started_s": round(t0 - STARTED, 3)}
+            "run_started_s": round(t0 - STARTED, 3),
+            # the driver's lines up to the first batch, seconds from the process's start
+            "lines": [(round(t - STARTED, 3), line[:200]) for t, line in marks
+                      if first_batch is None or t <= first_batch][:60]}
 
 
 def _state_total(spark: Any, layout: Any) -> dict[str, int]:

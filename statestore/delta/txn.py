@@ -45,12 +45,13 @@ def delta_path(rel_path: str) -> str:
     return quote(rel_path, safe=_URI_PATH_SAFE)
 
 
-def new_add(rel_path: str, partition_values: Mapping[str, str], size: int, num_records: int) -> str:
+def new_add(rel_path: str, partition_values: Mapping[str, str], size: int, num_records: int,
+            tags: Mapping[str, str] | None = None) -> str:
     """The JSON of an ``add`` action for a freshly written file (``rel_path`` not yet encoded)."""
     return json.dumps({"add": {
         "path": delta_path(rel_path), "partitionValues": dict(partition_values), "size": int(size),
         "modificationTime": int(time.time() * 1000), "dataChange": True,
-        "stats": json.dumps({"numRecords": int(num_records)})}})
+        "stats": json.dumps({"numRecords": int(num_records)}), **({"tags": dict(tags)} if tags else {})}})
 
 
 def _memo(cache: dict[str, Any], key: str, make: Callable[[str], Any]) -> Any:

@@ -89,7 +89,7 @@ def run_interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     migrate = opened.legacy.num_rows > 0
     if not run_keys and not has_pending and not opened.dirty and not expired and not opened.gone and not migrate:
         return IntervalSummary(interval=iv, side=tuple(opened.routed), images_read=int(opened.read),
-                               oldest_ms=oldest_work(opened.image),
+                               oldest_ms=oldest_work(opened.image), pending_rows=0,
                                next_proc_ms=_next_proc(opened.image, opened.live, _retention_ms(spec.comp)))
     ran = _run_keys(spec, iv, opened, inp, run_keys, has_pending)
     # (records of the interval in input files to record: the set moves even if all were duplicates)
@@ -269,7 +269,7 @@ def _summary(spec: ImageSpec, iv: int, opened: _Open, ran: _Ran, *, written: Ima
                            ids_expired=expired + sum(f.flat.num_rows for f in opened.gone),
                            keys_expired=loop.keys_expired, oldest_ms=oldest_work(ran.image),
                            next_proc_ms=_next_proc(ran.image, opened.live, _retention_ms(spec.comp)),
-                           images_read=int(opened.read), bloom_checked=checks.checked,
+                           pending_rows=int(_holds_pending(ran.image)), images_read=int(opened.read), bloom_checked=checks.checked,
                            bloom_maybe=checks.maybe, bloom_false_pos=checks.false_pos,
                            bloom_bytes=checks.nbytes)
 

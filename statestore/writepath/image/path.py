@@ -25,7 +25,7 @@ from ..streams import STREAM_FORMAT_VERSION, ensure_stream_table, stream_schema_
 from .beside import Beside
 from .files import is_ids_path, write_production_files
 from .fold import fold_intervals
-from .recovery import Checkpoint, Recovery, resolve, scan
+from .recovery import Checkpoint, Recovery, facts_tag, resolve, scan
 from .summary import BatchOutput
 
 __all__ = ["ImagePath"]
@@ -221,7 +221,10 @@ class ImagePath(WritePath[BatchOutput]):
                           sort_keys=True)
         parts = {iv: {"computation": name, "interval": str(iv)} for iv in ivs}
         made = {iv: [f for f in (s.image, s.ids_file, s.ids_merged) if f is not None] for iv, s in new}
-        adds = {iv: [new_add(f.path, parts[iv], f.size, f.rows) for f in made[iv]] for iv in ivs}
+        # each file carries its interval's facts after this commit (a restart's recovery reads them, not the image)
+        tags = {iv: facts_tag(oldest=s.oldest_ms, next_proc=s.next_proc_ms, pending=s.pending_rows, sequencer=seqs[iv],
+                              retention_ms=self.retention_ms, base=self.version) for iv, s in new}
+        adds = {iv: [new_add(f.path, parts[iv], f.size, f.rows, tags=tags[iv]) for f in made[iv]] for iv in ivs}
         removes: list[FileEntry] = []
         kept: dict[int, list[FileEntry]] = {}
         for iv, s in new:

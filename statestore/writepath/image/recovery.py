@@ -1,9 +1,16 @@
-"""The image path's recovery scan: what the interval images still hold to do and to deliver."""
+"""The image path's recovery scan: what the interval images still hold to do and to deliver.
+
+Each file an image path commit adds carries its interval's facts after that commit (its oldest
+work, next processing time, whether it holds checkpoints, the writer's sequencer) in the add
+action's tag :data:`FACTS_TAG`. The scan takes an interval's facts from there when nothing but
+claims was added since and it holds no checkpoint, and reads the interval's files otherwise: a
+restart then reads no image whole (the first batch reads those it needs)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ...delta.log import commit_info, json_commit_versions, user_metadata
 from ...delta.storefs import TableFiles
@@ -12,7 +19,50 @@ from ...rowtable.rows import FENCE_KEY, Production
 from ...rowtable.store import raise_if_fenced
 from .files import next_processing, oldest_work
 
-__all__ = ["Checkpoint", "Recovery", "scan", "resolve"]
+__all__ = ["Checkpoint", "Recovery", "scan", "resolve", "FACTS_TAG", "facts_tag"]
+
+#: the add action tag holding an interval's facts after the commit that added the file
+FACTS_TAG = "deltawheel.facts"
+_FACTS_VERSION = 1
+
+
+def facts_tag(*, oldest: int | None, next_proc: int | None, pending: int | None, sequencer: int,
+              retention_ms: int | None, base: int | None) -> dict[str, str] | None:
+    """The tags of a file an image commit adds for an interval (None: its facts are not known).
+    ``base``: the table version the commit was made on (later commits of the interval: higher)."""
+    if pending is None:
+        return None
+    return {FACTS_TAG: json.dumps({"v": _FACTS_VERSION, "oldest": oldest, "next_proc": next_proc,
+                                   "pending": int(pending), "seq": int(sequencer), "retention_ms": retention_ms,
+                                   "base": -1 if base is None else int(base)}, sort_keys=True)}
+
+
+def _facts(entries: Sequence[FileEntry], retention_ms: int | None) -> tuple[dict[str, Any], list[FileEntry]] | None:
+    """The facts the newest image commit recorded for an interval and the claim files beside them, or
+    None (read the files): a file of another writer (gc's fold, the MERGE path, a tool), a deletion
+    vector, checkpoints held, another dedup retention, or facts of an unknown form."""
+    tagged: list[tuple[FileEntry, dict[str, Any]]] = []
+    claims: list[FileEntry] = []
+    for f in entries:
+        if f.has_deletion_vector:
+            return None
+        raw = ((json.loads(f.action_json).get("add") or {}).get("tags") or {}).get(FACTS_TAG)
+        if raw is not None:
+            tagged.append((f, json.loads(raw)))
+        elif decode_path(f.path).endswith("-claim.snappy.parquet"):
+            claims.append(f)
+        else:
+            return None
+    if not tagged:
+        return None
+    # the newest commit's (a checkpoint's files all have its version as added_at: ordered by base)
+    newest = max(fa.get("base", -1) for _f, fa in tagged)
+    facts = [fa for _f, fa in tagged if fa.get("base", -1) == newest]
+    got = facts[0]
+    if any(fa != got for fa in facts) or got.get("v") != _FACTS_VERSION or got.get("pending") != 0 \
+            or got.get("retention_ms") != retention_ms:
+        return None
+    return got, claims
 
 
 @dataclass(kw_only=True)
@@ -38,9 +88,10 @@ class Recovery:
 
 
 def scan(root: TableFiles, files: Mapping[int, Sequence[FileEntry]], *, name: str, sequencers: Mapping[int, int],
-         retention_ms: int | None) -> tuple[Recovery, list[Checkpoint]]:
+         retention_ms: int | None, use_facts: bool = True) -> tuple[Recovery, list[Checkpoint]]:
     """The recovery scan of the images ``files``, with every checkpoint they hold (see :func:`resolve`);
-    StaleSequencerError: an image's fence row carries a newer sequencer (checked first)."""
+    StaleSequencerError: an image's fence row carries a newer sequencer (checked first). ``use_facts``:
+    take an interval's facts from its files' tags where they hold (the module's docstring)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -49,6 +100,14 @@ def scan(root: TableFiles, files: Mapping[int, Sequence[FileEntry]], *, name: st
     out = Recovery({}, {}, [], [])
     checkpoints: list[Checkpoint] = []
     for iv, entries in sorted(files.items()):
+        known = _facts(entries, retention_ms) if use_facts and entries else None
+        if known is not None:
+            facts, claims = known
+            fences = [facts["seq"]] + [pc.max(root.read_parquet(decode_path(f.path), columns=["sequencer"])
+                                              .column("sequencer")).as_py() for f in claims]
+            raise_if_fenced(name, {iv: max(s for s in fences if s is not None)}, {iv: sequencers[iv]})
+            out.oldest[iv], out.next_processing[iv] = facts["oldest"], facts["next_proc"]
+            continue
         # (plain files: :meth:`~.path.ImagePath.acquire` purged any deletion vector before the scan)
         parts = [root.read_parquet(decode_path(f.path), columns=cols) for f in entries]
         if not parts:

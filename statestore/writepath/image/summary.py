@@ -21,7 +21,7 @@ SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT,
                "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, ids_expired BIGINT, "
                "keys_expired BIGINT, oldest_ms BIGINT, next_proc_ms BIGINT, bloom_checked BIGINT, "
                "bloom_maybe BIGINT, bloom_false_pos BIGINT, bloom_bytes BIGINT, images_read BIGINT, "
-               "obs_min BIGINT, obs_max BIGINT, "
+               "obs_min BIGINT, obs_max BIGINT, pending_rows BIGINT, "
                "fenced STRUCT<computation: STRING, sequencer: BIGINT, ours: BIGINT>")
 
 
@@ -101,7 +101,7 @@ class Fenced:
 
 _COUNTS = ("records_in", "processed", "duplicates", "fired", "late", "n_prods", "n_dead", "keys_written",
            "ids_expired", "keys_expired", "bloom_checked", "bloom_maybe", "bloom_false_pos", "bloom_bytes", "images_read")
-_OPTIONAL = ("oldest_ms", "next_proc_ms", "obs_min", "obs_max")  # None: not known
+_OPTIONAL = ("oldest_ms", "next_proc_ms", "obs_min", "obs_max", "pending_rows")  # None: not known
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,6 +135,7 @@ class IntervalSummary:
     images_read: int = 0
     obs_min: int | None = None
     obs_max: int | None = None
+    pending_rows: int | None = None  # 1: the interval's image holds checkpointed productions (None: not known)
     fenced: Fenced | None = None
 
     def to_row(self) -> dict[str, Any]:

@@ -75,6 +75,14 @@ def test_the_recovery_from_the_tags_finds_what_reading_the_images_finds(spark, z
         # the crashed batch left checkpoints: those intervals are read, not taken from the tags
         pending = {c.interval for c in full[1]}
         assert pending and not pending & set(used)
+        # a Delta checkpoint of the log (files from it: the tags as a map, added_at a bound)
+        from deltawheel.gc.logs import checkpoint_newest
+
+        assert checkpoint_newest(spark, ex.path.layout.rows_of(ex.path.name)) is not None
+        fast, full, used_after = _both(ex)
+        assert (fast[0].oldest, fast[0].next_processing, _checkpoints(fast)) == \
+            (full[0].oldest, full[0].next_processing, _checkpoints(full))
+        assert set(used_after) == set(used)
     finally:
         stop_executor(ex, client)
     assert used_any  # the tags were used, not only read past

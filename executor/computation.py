@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
     from .context import Context
 
-__all__ = ["RECORD_KEY", "Record", "make_record", "Computation", "ColumnBatch", "ColumnResult", "LatePolicy", "ErrorPolicy", "KeyExtractor"]
+__all__ = ["RECORD_KEY", "Record", "make_record", "Computation", "ColumnBatch", "ColumnResult", "LatePolicy", "ErrorPolicy", "KeyExtractor",
+           "check_instance"]
 
 KeyExtractor = Union[str, Callable[[Any], Any]]
 
@@ -231,6 +232,25 @@ class Computation:
         if not 1 <= cls.num_intervals <= 4096:
             raise ConfigError(f"{cls.name}: num_intervals must be 1..4096, got {cls.num_intervals}")
         get_codec(cls.codec, allow_pickle=cls.allow_pickle)
+
+
+#: the declarations the framework reads from a computation's class (``type(comp).num_intervals``)
+_DECLARED = ("name", "inputs", "outputs", "codec", "allow_pickle", "num_intervals", "exactly_once",
+             "strong_productions", "straggler_timeout_s", "delivery_timeout_s", "late_policy", "event_time_timers",
+             "error_policy", "dedup_retention", "state_ttl", "state_ttl_processing", "state_version")
+
+
+def check_instance(comp: Computation) -> None:
+    """ConfigError when ``comp`` sets one of the class's declarations on itself with another value:
+    parts of the framework read the class's (an instance's ``num_intervals = 8`` beside the class's
+    4 would lease 4 intervals and publish watermarks of 8)."""
+    own = getattr(comp, "__dict__", {})
+    for attr in _DECLARED:
+        if attr in own and own[attr] != getattr(type(comp), attr):
+            cls = type(comp).__name__
+            raise ConfigError(f"{cls}: {attr} is set on the instance ({own[attr]!r}), the class declares "
+                              f"{getattr(type(comp), attr)!r}; declarations are read from the class: set it there "
+                              f"(a subclass per value, e.g. type('{cls}2', ({cls},), {{'{attr}': ...}}))")
 
 
 def key_or_reason(extractor: KeyExtractor, value: Any) -> tuple[str | None, str | None]:

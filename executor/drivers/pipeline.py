@@ -10,7 +10,7 @@ from typing import Any
 
 from deltawheel.statestore.exceptions import ConfigError
 
-from ..computation import Computation
+from ..computation import Computation, check_instance
 from ..protocol.reports import BatchReport, format_watermark
 from ..sources.injector import Injector
 
@@ -24,6 +24,10 @@ class Pipeline:
     name: str
     injectors: tuple[Injector, ...]
     computations: tuple[Computation, ...]
+
+    def __post_init__(self) -> None:
+        for comp in self.computations:
+            check_instance(comp)
 
     def upstream(self, comp: Computation) -> list[str]:
         """The sources feeding ``comp``, sorted: ``injector:<name>``, ``computation:<name>``."""

@@ -19,7 +19,7 @@ from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
-from ..computation import Computation
+from ..computation import Computation, check_instance
 from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
 from ..tasks.paths import PATHS, choose_write_path
 from .batch import JOB_DESCRIPTION, BatchProtocol
@@ -54,6 +54,7 @@ class ComputationExecutor:
                  shared: SharedInput | None = None, positions: SharedInput | None = None) -> None:
         require_classic_session(spark)
         type(computation).validate()
+        check_instance(computation)
         if intervals is not None:
             bad = sorted(set(intervals) - set(range(computation.num_intervals)))
             if bad or not intervals:

@@ -367,3 +367,30 @@ def test_a_fenced_rdd_task_is_recognized_as_stale(spark, tmp_path) -> None:  # t
     assert one.board is None
     out = collect(one)
     assert [iv for iv, _s in out.intervals()] == [0] and out.fenced() is None
+
+
+def test_an_event_time_without_time_zone_says_why_the_tasks_do_not_read_the_files(spark, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A user's files with a naive timestamp still run (through Spark's scan), and the injector says
+    once why the image tasks do not read them and what to write instead."""
+    import logging
+
+    import pyarrow.parquet as pq
+
+    naive, zoned = tmp_path / "naive", tmp_path / "zoned"
+    for folder, tz in ((naive, None), (zoned, "UTC")):
+        folder.mkdir()
+        pq.write_table(pa.table({"record_id": ["r1", "r2"], "key": ["a", "b"],
+                                 "event_time": pa.array([1_000, 2_000], pa.timestamp("ms", tz))}),
+                       folder / "part-0.parquet")
+    kw: dict[str, Any] = {"key_column": "key", "event_time_column": "event_time", "value_columns": [],
+                          "record_id_column": "record_id", "watermark_delay_ms": 0}
+    with caplog.at_level(logging.WARNING, logger="deltawheel.executor.sources.parquet"):
+        inj = ParquetInjector("events", str(naive), **kw)
+        inj.stream_df(spark)
+    assert inj.direct_source() is None
+    assert inj.direct_refused is not None and "column 'event_time' is timestamp[ms]" in inj.direct_refused
+    assert "tz='UTC'" in inj.direct_refused
+    assert [r.getMessage() for r in caplog.records if "cannot read its files themselves" in r.getMessage()]
+    ok = ParquetInjector("events", str(zoned), **kw)
+    ok.stream_df(spark)
+    assert ok.direct_source() is not None and ok.direct_refused is None

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Sequence
 
 from deltawheel.statestore.delta.storefs import table_files
 from deltawheel.statestore.exceptions import ConfigError
 
-from ..tasks.image.direct import DirectSource, direct_source
+from ..tasks.image.direct import DirectSource, direct_or_reason
 from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
 from .estimates import PendingPercentile, check_percentile
 from .folders import (
@@ -23,6 +24,8 @@ from .jsonl import json_schema
 from .schema import record_id_of, to_stream_schema
 
 __all__ = ["ParquetInjector"]
+
+_LOG = logging.getLogger(__name__)
 
 
 class ParquetInjector(_MaxSeenInjector):
@@ -47,6 +50,7 @@ class ParquetInjector(_MaxSeenInjector):
         self.schema = schema  # parsed at stream_df (a DDL string needs a running Spark session)
         self.folder = folder
         self._direct: DirectSource | None = None
+        self.direct_refused: str | None = None  # why the image tasks cannot read the files (set by stream_df)
         self.watermark_percentile = watermark_percentile
         if watermark_percentile is not None:
             check_percentile(watermark_percentile)
@@ -94,9 +98,17 @@ class ParquetInjector(_MaxSeenInjector):
             arrow = _given_arrow(given, footer)
         else:
             arrow = footer if _spark_schema(footer) is not None else None
-        self._direct = None if arrow is None or files is None else direct_source(
-            self.name, arrow, key_column=self.key_column, event_time_column=self.event_time_column,
-            record_id_column=self.record_id_column, value_columns=self.value_columns, s3=files.s3)
+        self._direct, self.direct_refused = None, None
+        if arrow is not None and files is not None:
+            self._direct, self.direct_refused = direct_or_reason(
+                self.name, arrow, key_column=self.key_column, event_time_column=self.event_time_column,
+                record_id_column=self.record_id_column, value_columns=self.value_columns, s3=files.s3)
+        elif footer is not None and files is not None:
+            self.direct_refused = _unread_column(footer)
+        if self.direct_refused:
+            _LOG.warning("injector %s: the image tasks cannot read its files themselves (%s); Spark's scan "
+                         "and shuffle feed them, slower, and a worker's image cache hits less", self.name,
+                         self.direct_refused)
         try:
             schema = given or _spark_schema(footer) or spark.read.parquet(self.folder).schema
         except AnalysisException as exc:
@@ -125,6 +137,19 @@ class ParquetInjector(_MaxSeenInjector):
             value_columns=self.value_columns, record_id=record_id,
             commit_id=F.concat(F.lit("file="), fname, F.lit("#row="), row),
             exclude=() if self.record_id_column is None else (self.record_id_column,))
+
+
+def _unread_column(footer: Any) -> str | None:
+    """Why the tasks do not read files of schema ``footer`` whose columns Spark types itself (None: they would)."""
+    import pyarrow as pa
+
+    for f in footer:
+        if _spark_schema(pa.schema([f])) is None:
+            if pa.types.is_timestamp(f.type):
+                return (f"column {f.name!r} is {f.type}; the tasks read a timestamp with a time zone (ms or us: "
+                        "write it with tz='UTC')")
+            return f"column {f.name!r} is {f.type}, a type only Spark reads"
+    return None
 
 
 def _given_arrow(given: Any, footer: Any | None) -> Any | None:

@@ -166,34 +166,44 @@ def direct_source(name: str, arrow_schema: Any, *, key_column: str | None, event
                   record_id_column: str | None, value_columns: Sequence[str] | None,
                   s3: S3Settings | None = None) -> DirectSource | None:
     """A :class:`DirectSource` for an injector's columns, or None when a type needs the JVM."""
+    return direct_or_reason(name, arrow_schema, key_column=key_column, event_time_column=event_time_column,
+                            record_id_column=record_id_column, value_columns=value_columns, s3=s3)[0]
+
+
+def direct_or_reason(name: str, arrow_schema: Any, *, key_column: str | None, event_time_column: str,
+                     record_id_column: str | None, value_columns: Sequence[str] | None,
+                     s3: S3Settings | None = None) -> tuple[DirectSource | None, str | None]:
+    """(:func:`direct_source`, None), or (None, why the image tasks cannot read the files themselves)."""
     import pyarrow as pa
 
     t = pa.types
     fields = {f.name: f.type for f in arrow_schema}
     if key_column is None or key_column not in fields or event_time_column not in fields:
-        return None
+        return None, "the key or event-time column is not a column of the files (a computed key?)"
     if value_columns is None:
         value_columns = [c for c in fields if c not in (event_time_column, record_id_column)]
     values = tuple(sorted(set(value_columns)))
     cols = [key_column, event_time_column] + ([record_id_column] if record_id_column else [])
     if len(set(cols)) != len(cols) or (record_id_column is not None and record_id_column not in fields):
-        return None
+        return None, "the key, event-time and record-id columns are not three distinct columns of the files"
     for c in values:
         ty = fields.get(c)
         if ty is None or not (t.is_string(ty) or t.is_large_string(ty) or t.is_boolean(ty)
                               or t.is_signed_integer(ty) or t.is_float64(ty)):
-            return None
+            return None, (f"value column {c!r} is {ty}; the tasks read strings, booleans, signed integers and "
+                          "doubles")
     cols += [c for c in values if c not in cols]
     for k in (key_column, record_id_column):
         if k is not None and not (t.is_string(fields[k]) or t.is_large_string(fields[k])):
-            return None
+            return None, f"column {k!r} is {fields[k]}, not a string"
     et = fields[event_time_column]
     if not ((t.is_timestamp(et) and et.tz is not None and et.unit in ("ms", "us"))
             or t.is_int64(et) or t.is_int32(et)):
-        return None
+        return None, (f"event-time column {event_time_column!r} is {et}; the tasks read a timestamp with a time "
+                      "zone (ms or us: write it with tz='UTC') or an integer of epoch milliseconds")
     return DirectSource(stream=name, key_column=key_column, event_time_column=event_time_column,
                         record_id_column=record_id_column, types=tuple((c, _plain(fields[c])) for c in cols),
-                        value_columns=values, s3=s3)
+                        value_columns=values, s3=s3), None
 
 
 class BatchReader:

@@ -8,7 +8,8 @@ time per key), so the state grows with the keys. Runs, each in a process of its 
 - the same input with each worker's cache bounded to ``--cache`` shares of its state;
 - Spark SQL's ``groupBy(key)`` with RocksDB state on the same input;
 - the two restarts: a store of ``--keys / --scale`` keys and the store of ``--keys``, each given one
-  more file of ``--restart-records`` records, from the process's start to its first committed batch.
+  more file of ``--restart-records`` records right after its run, from the process's start to its first
+  committed batch.
 
 The trace is replayed through the window-aware policy, LRU and Belady's optimum at each share
 (``cachebench.run_trace_bench``). Every engine's state is checked: as many keys as the input has,
@@ -174,11 +175,28 @@ def run_state_bench(*, out: Path, keys: int, passes: int, per_file: int, interva
         got.update(keys=k, run_dir=str(run_dir))
         return got
 
+    restarts: dict[str, Any] = {}
+
+    def restart(label: str, k: int, base: dict[str, Any]) -> None:
+        """Restart ``base``'s store on one more file, right after its run (the same age of record ids at
+        every size: the dedup horizon is processing time, and ids past it are dropped by the next batch)."""
+        run_dir = Path(base["run_dir"])
+        _restart_file(run_dir / "input", keys=k, records=restart_records, seed=seed, after=data[k][1]["records"])
+        got = _child(f"restart_{label}", {**common, "engine": "deltawheel", "input": str(run_dir / "input"),
+                                          "store": str(run_dir / "store"), "check": False},
+                     work=out, say=say, timeout_s=timeout_s)
+        got["keys"] = k
+        restarts[label] = got
+
     trace = out / "trace"
     shutil.rmtree(trace, ignore_errors=True)
     trace.mkdir()
     if "deltawheel" in engines:
         runs["deltawheel"] = deltawheel_run("deltawheel", keys, {"DELTAWHEEL_IMAGE_CACHE_TRACE": str(trace)})
+        if restart_records:
+            restart(f"{scale}x", keys, runs["deltawheel"])
+            if small_keys != keys:
+                restart("1x", small_keys, deltawheel_run("deltawheel_small", small_keys))
         peaks = _worker_peaks(trace)
         state_bytes = max(peaks.values())
         runs["deltawheel"]["worker_state_bytes"] = peaks
@@ -194,21 +212,6 @@ def run_state_bench(*, out: Path, keys: int, passes: int, per_file: int, interva
                                    "store": str(out / "spark_sql")}, work=out, say=say, timeout_s=timeout_s)
         _checked("spark_sql", got, keys=keys, records=manifest["records"])
         runs["spark_sql"] = got
-    restarts: dict[str, Any] = {}
-    if "deltawheel" in engines and restart_records:
-        sized = [("1x", small_keys, deltawheel_run("deltawheel_small", small_keys) if small_keys != keys else None),
-                 (f"{scale}x", keys, runs["deltawheel"])]
-        for label, k, base in sized:
-            if base is None:
-                continue
-            run_dir = Path(base["run_dir"])
-            _restart_file(run_dir / "input", keys=k, records=restart_records, seed=seed,
-                          after=data[k][1]["records"])
-            got = _child(f"restart_{label}", {**common, "engine": "deltawheel", "input": str(run_dir / "input"),
-                                              "store": str(run_dir / "store"), "check": False},
-                         work=out, say=say, timeout_s=timeout_s)
-            got["keys"] = k
-            restarts[label] = got
     report: dict[str, Any] = {
         "benchmark": "state", "keys": keys, "passes": passes, "per_file": per_file, "intervals": intervals,
         "records": data[keys][1]["records"], "shares": list(shares), "runs": runs, "restarts": restarts,

@@ -269,7 +269,8 @@ def _summary(spec: ImageSpec, iv: int, opened: _Open, ran: _Ran, *, written: Ima
                            ids_expired=expired + sum(f.flat.num_rows for f in opened.gone),
                            keys_expired=loop.keys_expired, oldest_ms=oldest_work(ran.image),
                            next_proc_ms=_next_proc(ran.image, opened.live, _retention_ms(spec.comp)),
-                           pending_rows=int(_holds_pending(ran.image)), images_read=int(opened.read), bloom_checked=checks.checked,
+                           pending_rows=int(_holds_pending(ran.image)), images_read=int(opened.read),
+                           bloom_checked=checks.checked,
                            bloom_maybe=checks.maybe, bloom_false_pos=checks.false_pos,
                            bloom_bytes=checks.nbytes)
 

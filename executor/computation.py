@@ -234,16 +234,15 @@ class Computation:
         get_codec(cls.codec, allow_pickle=cls.allow_pickle)
 
 
-#: the declarations the framework reads from a computation's class (``type(comp).num_intervals``)
-_DECLARED = ("name", "inputs", "outputs", "codec", "allow_pickle", "num_intervals", "exactly_once",
-             "strong_productions", "straggler_timeout_s", "delivery_timeout_s", "late_policy", "event_time_timers",
-             "error_policy", "dedup_retention", "state_ttl", "state_ttl_processing", "state_version")
+#: the declarations parts of the framework read from a computation's class (``type(comp).num_intervals``,
+#: the classmethod ``state_ttl_ms``); the others are read from the instance
+_DECLARED = ("num_intervals", "inputs", "state_ttl", "state_ttl_processing")
 
 
 def check_instance(comp: Computation) -> None:
-    """ConfigError when ``comp`` sets one of the class's declarations on itself with another value:
-    parts of the framework read the class's (an instance's ``num_intervals = 8`` beside the class's
-    4 would lease 4 intervals and publish watermarks of 8)."""
+    """ConfigError when ``comp`` sets one of the declarations read from its class on itself with
+    another value (an instance's ``num_intervals = 8`` beside the class's 4 would lease 4 intervals
+    and publish watermarks of 8)."""
     own = getattr(comp, "__dict__", {})
     for attr in _DECLARED:
         if attr in own and own[attr] != getattr(type(comp), attr):

@@ -1,9 +1,10 @@
-"""A computation's declarations (``num_intervals``, ``codec`` ...) are read from its class: one set
-on the instance, as a user might in ``__init__``, is refused when the pipeline is built, naming
-the attribute, rather than half the framework using each value."""
+"""Some of a computation's declarations (``num_intervals``, ``inputs``, the state TTLs) are read from
+its class: one set on the instance, as a user might in ``__init__``, is refused when the pipeline
+is built, naming the attribute, rather than half the framework using each value."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,10 @@ def _pipeline(tmp_path: Path, comp: Computation) -> Pipeline:
 
 @pytest.mark.parametrize("attr,value,shown", [
     ("num_intervals", 8, r"num_intervals is set on the instance \(8\), the class declares 4"),
-    ("codec", "msgpack", r"codec is set on the instance \('msgpack'\), the class declares 'json'"),
-    ("exactly_once", False, r"exactly_once is set on the instance \(False\), the class declares True"),
+    ("inputs", {"other": RECORD_KEY}, r"inputs is set on the instance \(\{'other': '@key'\}\), the class "
+                                      r"declares \{'events': '@key'\}"),
+    ("state_ttl", timedelta(hours=1), r"state_ttl is set on the instance \(datetime.timedelta\(seconds=3600\)\), "
+                                      r"the class declares None"),
 ])
 def test_a_declaration_set_on_the_instance_is_refused_naming_it(tmp_path: Path, attr: str, value, shown: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match=rf"Totals: {shown}; declarations are read from the class"):
@@ -46,3 +49,5 @@ def test_the_same_value_on_the_instance_and_a_subclass_per_value_are_accepted(tm
     eight = type("Totals8", (Totals,), {"num_intervals": 8})()
     assert _pipeline(tmp_path, eight).computations[0].num_intervals == type(eight).num_intervals == 8
     check_instance(Totals(unrelated=1))  # an attribute of the user's own is none of the framework's
+    # declarations read from the instance may be set there (a test's shorter delivery timeout)
+    assert _pipeline(tmp_path, Totals(delivery_timeout_s=1.0, codec="msgpack")).computations[0].codec == "msgpack"

@@ -42,9 +42,6 @@ def write_input(folder: Path, *, keys: int, passes: int, per_file: int, seed: in
     Written once per parameter set (``manifest.json`` says it is whole); the file source reads them
     in name order (their modification times ascend)."""
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     manifest = folder / "manifest.json"
     want = {"keys": keys, "passes": passes, "per_file": per_file, "seed": seed, "event_time": "timestamp[ms, UTC]"}
@@ -56,21 +53,12 @@ def write_input(folder: Path, *, keys: int, passes: int, per_file: int, seed: in
     (folder / "input").mkdir(parents=True)
     rng = np.random.default_rng(seed)
     order = np.concatenate([rng.permutation(keys) for _ in range(passes)])
-    width = max(8, len(str(keys - 1)))
     files = 0
     for start in range(0, len(order), per_file):
-        ids = pa.array(order[start:start + per_file])
-        n = len(ids)
-        seq = np.arange(start, start + n, dtype=np.int64)
-        key = pc.binary_join_element_wise("u", pc.utf8_lpad(pc.cast(ids, pa.string()), width, "0"), "")
-        t = pa.table({"record_id": pc.cast(pa.array(seq), pa.string()), "key": key,
-                      "event_time": pa.array(BASE_MS + seq * GAP_MS, pa.timestamp("ms", tz="UTC"))})
-        path = folder / "input" / f"part-{files:05d}.parquet"
-        pq.write_table(t, path)
-        os.utime(path, (1_700_000_000 + files, 1_700_000_000 + files))
+        _write_part(folder / "input", files, order[start:start + per_file], first=start, keys=keys)
         files += 1
         if files % 10 == 0:
-            say(f"input: {start + n:,} of {len(order):,} records written")
+            say(f"input: {min(start + per_file, len(order)):,} of {len(order):,} records written")
     got = {"params": want, "records": int(len(order)), "files": files}
     manifest.write_text(json.dumps(got))
     return got
@@ -79,19 +67,25 @@ def write_input(folder: Path, *, keys: int, passes: int, per_file: int, seed: in
 def _restart_file(folder: Path, *, keys: int, records: int, seed: int, after: int) -> None:
     """One more input file (``records`` records over random keys of ``keys``) after ``after`` records."""
     import numpy as np
+
+    ids = np.random.default_rng(seed + 1).integers(0, keys, records)
+    _write_part(folder, len(list(folder.glob("part-*.parquet"))), ids, first=after, keys=keys)
+
+
+def _write_part(folder: Path, n: int, key_ids: Any, *, first: int, keys: int) -> None:
+    """``part-<n>.parquet``: a record per key number of ``key_ids``, record ids and event times from
+    record number ``first`` on; its modification time orders it after part ``n - 1``."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    ids = pa.array(np.random.default_rng(seed + 1).integers(0, keys, records))
+    seq = np.arange(first, first + len(key_ids), dtype=np.int64)
     width = max(8, len(str(keys - 1)))
-    seq = np.arange(after, after + records, dtype=np.int64)
-    t = pa.table({"record_id": pc.cast(pa.array(seq), pa.string()),
-                  "key": pc.binary_join_element_wise("u", pc.utf8_lpad(pc.cast(ids, pa.string()), width, "0"), ""),
-                  "event_time": pa.array(BASE_MS + seq * GAP_MS, pa.timestamp("ms", tz="UTC"))})
-    n = len(list(folder.glob("part-*.parquet")))
+    key = pc.binary_join_element_wise("u", pc.utf8_lpad(pc.cast(pa.array(key_ids), pa.string()), width, "0"), "")
     path = folder / f"part-{n:05d}.parquet"
-    pq.write_table(t, path)
+    pq.write_table(pa.table({"record_id": pc.cast(pa.array(seq), pa.string()), "key": key,
+                             "event_time": pa.array(BASE_MS + seq * GAP_MS, pa.timestamp("ms", tz="UTC"))}), path)
     os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
 
 

@@ -10,14 +10,14 @@ __all__ = ["register", "replay_command"]
 
 MEAN_GAP_S = 5.0
 TMPFS_MB = 128
-TMPFS_MB_PER_HOUR = 768  # what an hour's store grows to when gc runs seldom (10 minutes filled 128 MiB)
+TMPFS_MB_PER_HOUR = 1536  # an hour's store growth when gc runs seldom (10 minutes and their drain filled 298 MiB)
 
 
 def tmpfs_mb(seconds: float) -> int:
     """The default tmpfs for a run of ``seconds``: 128 MiB and a third more than the store grows to.
 
     >>> tmpfs_mb(60), tmpfs_mb(600), tmpfs_mb(3600)
-    (145, 298, 1152)
+    (162, 469, 2176)
     """
     return TMPFS_MB + int(seconds / 3600 * TMPFS_MB_PER_HOUR * 4 / 3)
 

@@ -57,3 +57,21 @@ def test_bit_positions_are_the_double_hashing_formula(m: int) -> None:
     hashes = np.array([0, 1, 2**32 - 1, 2**32, 2**63 + 12_345, 2**64 - 1, 0x9E3779B97F4A7C15], dtype=np.uint64)
     want = [[((h & 0xFFFFFFFF) + i * ((h >> 32) | 1)) % m for i in range(9)] for h in map(int, hashes)]
     assert bloom._positions([""] * len(hashes), hashes).tolist() == want
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_ids_added_at_once_or_a_few_at_a_time_set_the_same_bits(seed: int) -> None:
+    """A filter built from an image's ids (many at once, a byte per bit) equals one grown a batch at a
+    time (a few ids per call, bit by bit), whatever the cut."""
+    rng = np.random.default_rng(seed)
+    ids = [f"r{i}-{rng.integers(1 << 40)}" for i in range(20_000)]
+    whole, pieces = IdBloom(50_000), IdBloom(50_000)
+    whole.add_many(ids[:15_000])
+    cuts = np.sort(rng.choice(np.arange(1, 5_000), 400, replace=False))
+    for part in np.split(np.array(ids[15_000:]), cuts):
+        whole.add_many(part.tolist())  # a few at a time into a filter already holding many
+    for part in np.split(np.array(ids), np.sort(rng.choice(np.arange(1, 20_000), 4_000, replace=False))):
+        pieces.add_many(part.tolist())
+    assert whole.count == pieces.count == len(ids)
+    assert np.array_equal(whole._bits, pieces._bits)
+    assert whole.might_contain_many(ids).all()

@@ -109,7 +109,12 @@ class IdBloom:
         if not len(ids):
             return
         pos = self._probes(ids, hashes).ravel()
-        np.bitwise_or.at(self._bits, pos >> 3, _bit_values()[pos & 7])
+        if len(pos) * 32 > self.m:  # many ids (a filter built from an image): a byte per bit, then packed
+            flags = np.zeros(8 * len(self._bits), dtype=bool)
+            flags[pos] = True
+            self._bits |= np.packbits(flags, bitorder="little")
+        else:  # a batch's ids: ``ufunc.at`` costs per id, not per bit of the filter
+            np.bitwise_or.at(self._bits, pos >> 3, _bit_values()[pos & 7])
         self.count += len(ids)
 
     def might_contain_many(self, ids: Sequence[str], *, hashes: Any = None) -> Any:

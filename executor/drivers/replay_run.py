@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, SupportsInt
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import ReplayUnavailableError
@@ -127,7 +127,7 @@ class ReplayRun:
             check_files(inputs, (c,))  # gone since the start: refused with the replay's advice, not files_df's
             df = mixed_df(self.spark, inputs, c.kafka, files) if inputs.kafka else \
                 inputs.files_df(self.spark, files) if files else None
-            skipped = 0
+            skipped: SupportsInt = 0
             if df is not None and done is not None:
                 inputs.done = done  # the live SharedInput.apply, without its checkpoint log
                 df, skipped = inputs.skip_frame(df, files, range(n) if run_on is None else run_on)
@@ -137,7 +137,7 @@ class ReplayRun:
             ex.settle()
             self._reached(c.version, ran=True)
             self.say(f"batch {c.batch_id} (live version {c.version}): {reports[-1].records_in} records"
-                     + (f" ({skipped} skipped as live: run before for their intervals)" if skipped else ""))
+                     + (f" ({int(skipped)} skipped as live: run before for their intervals)" if int(skipped) else ""))
         return reports
 
     def _executor(self, run_on: tuple[int, ...] | None) -> ComputationExecutor:

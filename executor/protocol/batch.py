@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, SupportsInt
 
 from deltawheel.statestore.rowtable.inputfiles import commit_entry
 from deltawheel.statestore.writepath.delivery import record_dead_letters, record_late
@@ -146,10 +146,11 @@ class BatchProtocol:
         return run
 
     def _skip_processed(self, df: Any | None, batch_id: int,
-                        input_files: Sequence[str] | None) -> tuple[Any | None, int, tuple[str, ...]]:
+                        input_files: Sequence[str] | None) -> tuple[Any | None, SupportsInt, tuple[str, ...]]:
         """Shared intervals: (the input without what earlier owners processed, how many, its files)."""
         ex = self.ex
-        skipped, files = 0, tuple[str, ...]()
+        skipped: SupportsInt = 0
+        files = tuple[str, ...]()
         if ex.shared is not None and df is not None:
             df, skipped, files = ex.shared.apply(df, batch_id, ex.owner.intervals, input_files)
         ex.path.input_files = files
@@ -158,7 +159,7 @@ class BatchProtocol:
             files = tuple(input_files) if input_files is not None else ex.positions.record(df, batch_id)
         return df, skipped, files
 
-    def _open(self, df: Any | None, batch_id: int, *, started: float, skipped: int, files: tuple[str, ...],
+    def _open(self, df: Any | None, batch_id: int, *, started: float, skipped: SupportsInt, files: tuple[str, ...],
               wm_in: int | None, wm_late: int | None = None,
               late_raised: Mapping[int, int] | None = None) -> BatchState:
         """The batch's clock, dedup horizon and watermarks (``wm_late``, ``late_raised``: a replay's live batch's)."""
@@ -321,7 +322,7 @@ class BatchProtocol:
             late_routed=b.late_routed, input_watermark_ms=b.wm_in, low_watermark_ms=low, commit_s=b.commit_s,
             wall_s=time.monotonic() - b.started, steps_s=tuple(b.steps_s), straggled=b.straggler is not None,
             direct=b.prepared.direct is not None,
-            direct_ranges=b.prepared.direct is not None and b.prepared.direct.source.kafka is not None, skipped_moved=b.skipped, timers_only=b.df is None)
+            direct_ranges=b.prepared.direct is not None and b.prepared.direct.source.kafka is not None, skipped_moved=int(b.skipped), timers_only=b.df is None)
         ex.reports.append(report)
         ex.records_in_total += report.records_in
         if report.direct:  # the batch's DataFrame never ran: Spark's progress would show 0 input rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, SupportsInt, TypeVar
 
 from deltawheel.statestore.writepath import StaleViewError
 
@@ -58,7 +58,7 @@ class BatchState:
     horizon: int | None
     commit_id: str
     strong: bool
-    skipped: int = 0
+    skipped: SupportsInt = 0  # records an earlier owner processed (``rescale.SkipCount``: counted by the batch's job)
     files: tuple[str, ...] = ()
     prepared: Prepared | None = None  # step 2's
     straggler: OpenDelivery | None = None  # the weak delivery that outlived straggler_timeout_s

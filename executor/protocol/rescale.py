@@ -142,7 +142,7 @@ class SharedInput:
         return pos
 
     def apply(self, df: Any, batch_id: int, intervals: Sequence[int],
-              positions: Sequence[str] | None = None) -> tuple[Any, int, tuple[str, ...]]:
+              positions: Sequence[str] | None = None) -> tuple[Any, "SkipCount", tuple[str, ...]]:
         """(``df`` after the skip rule, how many were dropped, the batch's positions)."""
         df = df.withColumn(_POSITION, self.position())
         if positions is None:
@@ -246,8 +246,9 @@ class SharedInput:
             fh.write(text)
         os.replace(staged, os.path.join(logdir, str(batch_id)))
 
-    def skip(self, df: Any, positions: Iterable[str], intervals: Sequence[int]) -> tuple[Any, int]:
-        """(``df`` without the records already in their interval's set, how many were dropped)."""
+    def skip(self, df: Any, positions: Iterable[str], intervals: Sequence[int]) -> tuple[Any, "SkipCount"]:
+        """(``df`` without the records already in their interval's set, how many were dropped: counted by
+        the job that runs the frame, not by a Spark job before it)."""
         from pyspark.sql import functions as F
 
         positions = set(positions)
@@ -259,15 +260,15 @@ class SharedInput:
                 c = (interval == F.lit(iv)) & F.col(_POSITION).isin(seen)
                 cond = c if cond is None else cond | c
         if cond is None:
-            return df, 0
-        cond = F.coalesce(cond, F.lit(False))
-        skipped = df.where(cond).count()
-        return df.where(~cond), skipped
+            return df, SkipCount.none()
+        count = SkipCount(df, F.coalesce(cond, F.lit(False)))
+        return count.kept, count
 
-    def skip_frame(self, df: Any, positions: Iterable[str], intervals: Sequence[int]) -> tuple[Any, int]:
+    def skip_frame(self, df: Any, positions: Iterable[str], intervals: Sequence[int]) -> tuple[Any, "SkipCount"]:
         """:meth:`skip` on a frame of the query's schema (replay); nothing logged."""
         kept, skipped = self.skip(df.withColumn(_POSITION, self.position()), positions, intervals)
         return kept.drop(_POSITION), skipped
+
 
     def committed(self, positions: Iterable[str], intervals: Iterable[int]) -> None:
         """A batch of ``positions`` committed for ``intervals``."""
@@ -335,3 +336,54 @@ class SharedInput:
                     "instance whose query is behind those files (docs/rescaling.md)")
             frames.append(spark.read.schema(stream_schema_ddl()).parquet(*paths).withColumn("stream", F.lit(stream)))
         return functools.reduce(lambda a, b: a.unionByName(b), frames)
+
+
+class SkipCount:
+    """How many records the skip rule dropped from a frame: observed (``DataFrame.observe``) by the first
+    job that runs the kept frame, so a taken interval's first batch starts no Spark job of its own for
+    it; a job of its own counts them when none ran the frame.
+
+    ``int(count)`` gives the number (after the batch's job: it waits for that job's metrics a moment)."""
+
+    WAIT_S = 2.0  # for the observed metrics once the batch's job is over (Spark hands them over after it)
+
+    def __init__(self, df: Any | None, cond: Any) -> None:
+        self._df: Any = df
+        self._cond, self._n = cond, None if df is not None else 0
+        self.kept = df
+        self._obs: Any = None
+        if df is not None:
+            from pyspark.sql import Observation
+            from pyspark.sql import functions as F
+
+            self._obs = Observation()
+            self.kept = df.observe(self._obs, F.count_if(cond).alias("skipped")).where(~cond)
+
+    @classmethod
+    def none(cls) -> "SkipCount":
+        """Nothing dropped."""
+        return cls(None, None)
+
+    def __int__(self) -> int:
+        if self._n is None:
+            self._n = self._observed()
+            if self._n is None:  # no job ran the kept frame (or its metrics did not come): count them now
+                self._n = int(self._df.where(self._cond).count())
+        return self._n
+
+    def _observed(self) -> int | None:
+        import time
+
+        from deltawheel.statestore.delta.jvm import jobservation
+
+        future = jobservation(self._obs).future()
+        until = time.monotonic() + self.WAIT_S
+        while not future.isCompleted():
+            if time.monotonic() >= until:
+                return None
+            time.sleep(0.01)
+        try:
+            n = self._obs.get.get("skipped")
+        except Exception:  # the observed job failed: its metrics are the failure
+            return None
+        return int(n or 0)

@@ -9,7 +9,7 @@ from typing import Any, Callable, TypeVar
 
 from ..exceptions import SparkConnectSessionError, chain
 
-__all__ = ["jvm", "jsession", "activate", "jcontext", "jframe", "gateway", "require_classic_session",
+__all__ = ["jvm", "jsession", "activate", "jcontext", "jframe", "jobservation", "gateway", "require_classic_session",
            "java_errors", "per_owner", "DeltaClasses", "delta_classes"]
 
 _T = TypeVar("_T")
@@ -42,6 +42,11 @@ def jcontext(spark: Any) -> Any:
 def jframe(df: Any) -> Any:
     """The JVM ``Dataset`` behind the Python DataFrame ``df``."""
     return df._jdf  # noqa: SLF001 - pyspark has no public accessor
+
+
+def jobservation(observation: Any) -> Any:
+    """The JVM ``Observation`` behind a used pyspark ``Observation`` (its metrics' future)."""
+    return observation._jo  # noqa: SLF001 - pyspark has no public accessor
 
 
 def gateway(spark: Any) -> Any:

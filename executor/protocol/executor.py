@@ -131,9 +131,10 @@ class ComputationExecutor:
                 "their streams are skipped)")
         self.recovered = {"appended": rec.appended, "merged": rec.merged}
         self.start_s = {"acquire_fence_recover": round(t_acq - t_start, 3),
-                        "total": round(time.monotonic() - t_start, 3)}
+                        "total": round(time.monotonic() - t_start, 3), **dict(rec.steps_s)}
+        steps = "".join(f", {k.replace('_', ' ')} {v:.2f}" for k, v in rec.steps_s)
         log(f"{name}: started in {self.start_s['total']:.1f}s (leases, fence and recovery scan "
-            f"{self.start_s['acquire_fence_recover']:.1f}s); write path {self.write_path_reason}")
+            f"{self.start_s['acquire_fence_recover']:.1f}s{steps}); write path {self.write_path_reason}")
         if self.write_path == "merge" and self.write_path_reason.startswith("auto"):
             _LOG.warning("%s: write path %s", self.comp.name, self.write_path_reason)
         self._started = True

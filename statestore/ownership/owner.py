@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import suppress
 from typing import Callable, Iterable, Mapping
 
@@ -30,6 +31,7 @@ class IntervalOwner:
         self.num_intervals = num_intervals
         self._grants: dict[int, LeaseGrant] = {}
         self._bound = False
+        self.acquire_s: dict[str, float] = {}  # the last acquire's seconds: leases, coordinator check, fence
         # called once ZooKeeper granted the leases of an acquire, before the fence
         self.on_granted: Callable[[], None] | None = None
 
@@ -56,19 +58,24 @@ class IntervalOwner:
             CoordinatorStateLostError: ZooKeeper lost the pipeline's state; nothing was fenced.
         """
         ivs = sorted(set(range(self.num_intervals) if intervals is None else intervals))
+        t0 = time.monotonic()
         unbound_fences = None if self._bound else self._bind()
         before = self.leases.held(self.computation)
         grants = self.leases.acquire(self.computation, ivs, wait_s=wait_s)
         if self.on_granted is not None:
             self.on_granted()
+        t1 = time.monotonic()
         try:
             self._check_coordinator(grants, before=before, unbound_fences=unbound_fences)
+            t2 = time.monotonic()
+            self.acquire_s = {"leases": round(t1 - t0, 3), "coordinator_check": round(t2 - t1, 3)}
             self.store.fence(self.computation, {iv: g.sequencer for iv, g in grants.items()}, claim_only=claim_only,
                              check=check_fences)
         except BaseException:
             self.leases.release(self.computation, ivs)
             raise
         self._grants.update(grants)
+        self.acquire_s["fence"] = round(time.monotonic() - t2, 3)
         return recover(self.store, self.computation, ivs) if scan else rebuild(self.computation, ivs, ())
 
     def _bind(self) -> dict[int, int] | None:

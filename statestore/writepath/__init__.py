@@ -19,6 +19,7 @@ class Recovered:
 
     appended: int
     merged: int
+    steps_s: tuple[tuple[str, float], ...] = ()  # seconds per step of the acquisition, in order
 
 
 class WritePath(ABC, Generic[BatchT]):

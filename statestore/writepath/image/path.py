@@ -90,9 +90,13 @@ class ImagePath(WritePath[BatchOutput]):
             raise
         finally:
             self.owner.on_granted = granted
+        steps = list(self.owner.acquire_s.items())
+        t0 = time.monotonic()
         try:
             self._load()
+            t1 = time.monotonic()
             found = self.recovery()
+            t2 = time.monotonic()
             self._oldest, self._next_proc = found.oldest, found.next_processing
             appended = self.redeliver(found.appends)
         except StaleSequencerError:
@@ -103,7 +107,8 @@ class ImagePath(WritePath[BatchOutput]):
             self.streams_ready()
             deliver_productions(self.spark, self.layout, merge, producer=self.name,
                                 commit_ids={p.production_id: c.commit_id for c in found.merge for p in c.prods})
-        return Recovered(appended=appended, merged=len(merge))
+        steps += [("files", t1 - t0), ("recovery_scan", t2 - t1), ("redeliver", time.monotonic() - t2)]
+        return Recovered(appended=appended, merged=len(merge), steps_s=tuple((k, round(v, 3)) for k, v in steps))
 
     def streams_ready(self) -> None:
         """Wait until the output streams' tables exist; one that cannot be made raises its ConfigError."""

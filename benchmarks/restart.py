@@ -41,6 +41,8 @@ class _Job:
     def until(self, *, batches: int, timeout_s: float, step: str | None = None) -> None:
         """Read lines until ``batches`` micro-batches committed (with ``step``: until that step ended)."""
         assert self.proc.stdout is not None
+        if step is not None and step in self.steps:
+            return
         deadline = time.monotonic() + timeout_s
         for line in self.proc.stdout:
             self.tail = (self.tail + [line.rstrip()])[-40:]
@@ -106,6 +108,7 @@ def _standby(store: Path, folder: Path, hosts: str, chroot: str, *, kill_after: 
         active.until(batches=1, timeout_s=timeout_s)
         standby = _Job(store, folder, hosts, chroot, CASES["standby"], session_timeout_s, standby=True)
         standby.until(batches=0, step="running", timeout_s=timeout_s)  # its query runs, holding nothing
+        standby.until(batches=0, step="warmed", timeout_s=timeout_s)  # as a standby that ran a while
         active.until(batches=kill_after, timeout_s=timeout_s)
         killed = time.time()
         active.kill()

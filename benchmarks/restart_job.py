@@ -91,7 +91,8 @@ def main(argv: list[str]) -> int:
 
     def progress(line: str) -> None:
         print(line, flush=True)
-        for marker, name in (("leases held", "leases"), (": started in", "executor"), ("stop with Ctrl-C", "running")):
+        for marker, name in (("leases held", "leases"), (": started in", "executor"), ("stop with Ctrl-C", "running"),
+                             ("warmed Delta's commit path", "warmed")):
             if marker in line and name not in seen:
                 seen.add(name)
                 step(name)

@@ -6,6 +6,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from deltawheel.statestore.delta.warm import refresh, warm_commits
 from deltawheel.statestore.exceptions import LeaseHeldError, LeaseSuspendedError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.zk.client import zk_errors
@@ -99,6 +100,7 @@ class Sharing:
                 continue
             if not free:
                 self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
+                self._stand_by(comp)
                 return None
             t0 = time.monotonic()
             left = deadline - t0
@@ -155,6 +157,7 @@ class Sharing:
                 stopped(ex)
         if not new:
             self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
+            self._stand_by(comp)
             return None
         try:
             nex = start(sorted(new))
@@ -169,12 +172,26 @@ class Sharing:
         return nex
 
     def idle_batch(self, comp: Computation, checkpoint: str, df: Any, batch_id: int) -> None:
-        """A micro-batch while this instance holds no interval of ``comp``: only its positions are logged."""
+        """A micro-batch while this instance holds no interval of ``comp``: its positions are logged, and
+        the JVM's snapshot of the rows table kept current for a takeover's claim."""
         shared = self._idle.get(comp.name)
         if shared is None:
             shared = self._idle[comp.name] = shared_positions(
                 self.spark, self.layout, comp, {i.name: i for i in self.pipeline.injectors}, checkpoint=checkpoint)
         shared.apply(df, batch_id, ())
+        refresh(self.spark, self.layout.rows_of(comp.name))
+
+    def _stand_by(self, comp: Computation) -> None:
+        """Holding none of ``comp``'s intervals: warm Delta's commit path in the background (once per
+        process), then load the rows table's snapshot, so a takeover's claim is not the JVM's first."""
+        def warm() -> None:
+            took = warm_commits(self.spark)
+            refresh(self.spark, self.layout.rows_of(comp.name))
+            if took is not None:
+                self.progress(f"{comp.name}: instance {self.instance} warmed Delta's commit path in {took:.1f}s "
+                              "(standing by)")
+
+        threading.Thread(target=warm, name=f"deltawheel-warm-{comp.name}", daemon=True).start()
 
     def _executor(self, comp: Computation, checkpoint: str, intervals: Sequence[int], *, wait_s: float,
                   caps: Mapping[str, int | None]) -> ComputationExecutor:

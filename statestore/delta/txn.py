@@ -89,6 +89,10 @@ class TableLog:
             self._jlog = self._d.delta_log.forTable(jsession(self.spark), self.path)
         return self._jlog
 
+    def version_now(self) -> int:
+        """The table's newest version, the JVM's snapshot of it brought up to date (-1: no table)."""
+        return int(self._log.startTransaction().snapshot().version())
+
     def _seq(self, items: Sequence[Any]) -> Any:
         d = self._d
         lst = d.array_list()

@@ -48,7 +48,7 @@ def test_a_refresh_brings_the_jvms_snapshot_to_another_writers_commits(spark, tm
     assert log.version_now() == 0
     for v in range(1, others + 1):
         _commit_by_hand(table, v, f"part-hand-{v}.parquet")
-    jlog = log._log  # noqa: SLF001 - the JVM's cached DeltaLog, as a takeover's claim finds it
+    jlog = log._log  # the JVM's cached DeltaLog, as a takeover's claim finds it
     assert int(jlog.unsafeVolatileSnapshot().version()) == 0  # not seen without a refresh
     assert warm.refresh(spark, str(table)) == others
     assert int(jlog.unsafeVolatileSnapshot().version()) == others

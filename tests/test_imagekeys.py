@@ -186,6 +186,19 @@ def _ref_rows(rows: dict[str, KeyRow], horizon: int | None, ran: set[str]) -> di
 @pytest.mark.parametrize("comp_cls,seed", [(Mixed, 1), (Mixed, 2), (MixedDeadLetter, 3), (MixedAtLeastOnce, 4),
                                            (MixedBatch, 5), (MixedBatchDeadLetter, 6), (MixedNoValue, 7)])
 def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None:  # type: ignore[no-untyped-def]
+    comp, checked = _image_loop_against_run_key(tmp_path, comp_cls, seed)
+    # the run exercised what it claims to (a seed that stops doing so fails here, not silently)
+    assert checked["fired"] > 0 and checked["late"] > 0
+    if comp.exactly_once:
+        assert checked["duplicates"] > 0 and checked["empty_keys"] > 0
+        assert checked["bloom_checked"] > checked["bloom_maybe"] > 0
+    if comp.error_policy is ErrorPolicy.DEAD_LETTER:
+        assert checked["dead"] > 0
+
+
+def _image_loop_against_run_key(tmp_path: Any, comp_cls: Any, seed: int) -> tuple[Any, dict[str, int]]:
+    """Batches through ``run_intervals`` and through ``run_key``: equal rows, productions and counts
+    after each; (the computation, what the run exercised)."""
     comp = comp_cls()
     rng = random.Random(seed)
     root = str(tmp_path)
@@ -272,13 +285,7 @@ def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None
             checked[c] += sum(s[c] for s in summaries)
         # every record already seen was a "maybe" of the Bloom filter (no false negatives)
         assert sum(s["bloom_maybe"] - s["bloom_false_pos"] for s in summaries) <= counts["duplicates"]
-    # the run exercised what it claims to (a seed that stops doing so fails here, not silently)
-    assert checked["fired"] > 0 and checked["late"] > 0
-    if comp.exactly_once:
-        assert checked["duplicates"] > 0 and checked["empty_keys"] > 0
-        assert checked["bloom_checked"] > checked["bloom_maybe"] > 0
-    if comp.error_policy is ErrorPolicy.DEAD_LETTER:
-        assert checked["dead"] > 0
+    return comp, checked
 
 
 @pytest.mark.parametrize("comp_cls,seed", [(Mixed, 11), (MixedBatch, 12), (MixedDeadLetter, 13)])
@@ -294,6 +301,36 @@ def test_a_bloom_filter_answering_maybe_gives_the_exact_results(spark, tmp_path,
     dedup._BLOOMS.clear()
     test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed)
     dedup._BLOOMS.clear()
+
+
+@pytest.mark.parametrize("comp_cls,seed", [(Mixed, 21), (MixedBatch, 22), (MixedDeadLetter, 23)])
+def test_a_worker_without_filters_looking_ids_up_gives_the_exact_results(spark, tmp_path, monkeypatch, comp_cls,
+                                                                          seed) -> None:  # type: ignore[no-untyped-def]
+    """Every batch on a worker that keeps no filter (as a restart's first batch), small against the
+    stored ids: no filter is built where ids files exist, the candidates are looked up, and the rows,
+    productions and counts are those of ``run_key``."""
+    from collections import OrderedDict
+
+    from deltawheel.executor.tasks.image import dedup
+
+    class Forgetful(OrderedDict):  # type: ignore[type-arg]
+        """A new process at every batch: no filter kept."""
+
+        def __setitem__(self, key: Any, value: Any) -> None:
+            pass
+
+        def move_to_end(self, key: Any, last: bool = True) -> None:
+            pass
+
+    built: list[int] = []
+    real = dedup.bloom_for
+    monkeypatch.setattr(dedup, "_BLOOMS", Forgetful())
+    monkeypatch.setattr(dedup, "BLOOM_BUILD_SHARE", 0)  # any batch is small
+    monkeypatch.setattr(dedup, "bloom_for", lambda paths, image, apart, batch: (
+        built.append(0 if apart is None else apart.num_rows), real(paths, image, apart, batch))[1])
+    comp, checked = _image_loop_against_run_key(tmp_path, comp_cls, seed)
+    assert checked["duplicates"] > 0  # duplicates found by looking the candidates up
+    assert built and not any(built)  # filters built only where no ids file existed yet
 
 
 def test_the_candidates_lookup_matches_the_full_lookup() -> None:

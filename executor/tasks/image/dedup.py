@@ -14,7 +14,7 @@ from ..usercode.columns import Input
 from .ids import HeldIds, already_seen
 from .spec import ImageSpec
 
-__all__ = ["BLOOMS_MAX", "BloomCounts", "bloom_paths", "bloom_for", "cached_bloom", "carry_bloom", "dedup",
+__all__ = ["BLOOMS_MAX", "BLOOM_BUILD_SHARE", "BloomCounts", "bloom_paths", "bloom_for", "cached_bloom", "carry_bloom", "dedup",
            "remember_bloom"]
 
 BLOOMS_MAX = 64  # Bloom filters kept
@@ -23,6 +23,7 @@ _BLOOMS: "OrderedDict[tuple[str, ...], IdBloom]" = OrderedDict()
 BLOOM_ERROR_RATE = 0.01  # at the filter's capacity
 BLOOM_MIN_CAPACITY = 4_096  # ids; a filter is sized for twice its image's ids, at least this
 BLOOM_BATCHES = 32  # ... and for at least this many batches of the size of the one that built it
+BLOOM_BUILD_SHARE = 64  # no filter is built for a batch with fewer records than 1/this of the stored ids
 
 
 @dataclass(frozen=True)
@@ -38,24 +39,30 @@ class BloomCounts:
 def dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
           live: list[IdsFile], legacy: Any) -> tuple[IdBloom | None, list[bool] | None, BloomCounts]:
     """(the Bloom filter, per record whether its row holds its id, the counts) for this interval's ids."""
+    import numpy as np
     import pyarrow as pa
 
     if not spec.comp.exactly_once or not inp.n:
         return None, None, BloomCounts()
     paths = bloom_paths(spec, iv)
-    apart = None if paths in _BLOOMS else apart_held(live, legacy)  # all the ids: to build the filter
-    bloom = bloom_for(paths, image, apart, inp.n)
-    # the filters hash ids with ``id_hashes`` (from the column's buffers, no Python string per id)
-    flags = bloom.might_contain_many(inp.hashes, hashes=inp.hashes)
+    n_apart = sum(f.flat.num_rows for f in live) + legacy.num_rows
+    bloom: IdBloom | None = None
+    apart = None
+    if paths not in _BLOOMS and inp.n * BLOOM_BUILD_SHARE < n_apart:
+        # no filter, and few records against many stored ids (a restart's first batch): looking the
+        # candidates up costs less than hashing and adding every stored id; no filter is kept
+        flags = np.ones(inp.n, dtype=bool)
+    else:
+        apart = None if paths in _BLOOMS else apart_held(live, legacy)  # all the ids: to build the filter
+        bloom = bloom_for(paths, image, apart, inp.n)
+        # the filters hash ids with ``id_hashes`` (from the column's buffers, no Python string per id)
+        flags = bloom.might_contain_many(inp.hashes, hashes=inp.hashes)
     maybe = int(flags.sum())
     if not maybe:  # certain: none of them was seen; the stored ids are not looked at
-        return bloom, None, BloomCounts(inp.n, 0, 0, bloom.nbytes)
-    n_apart = sum(f.flat.num_rows for f in live) + legacy.num_rows
+        return bloom, None, BloomCounts(inp.n, 0, 0, bloom.nbytes if bloom is not None else 0)
     if n_apart:
         if maybe * 8 < n_apart:
             # few candidates: pick the stored ids equal to one of them first (pick_ids)
-            import numpy as np
-
             at = np.flatnonzero(flags)
             cand = inp.table.column("record_id").combine_chunks().take(pa.array(at))
             apart = pick_ids(live, cand, inp.hashes[at], legacy)
@@ -64,6 +71,8 @@ def dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
         held = within(apart, spec.horizon_ms)
         ids = HeldIds(ids.held, pa.concat_tables([ids.table, held]))
     seen = already_seen(spec.comp, inp, ids, maybe=flags)
+    if bloom is None:  # the filter was not asked
+        return None, seen, BloomCounts()
     return bloom, seen, BloomCounts(inp.n, maybe, maybe - (sum(seen) if seen else 0), bloom.nbytes)
 
 

@@ -269,7 +269,6 @@ class SharedInput:
         kept, skipped = self.skip(df.withColumn(_POSITION, self.position()), positions, intervals)
         return kept.drop(_POSITION), skipped
 
-
     def committed(self, positions: Iterable[str], intervals: Iterable[int]) -> None:
         """A batch of ``positions`` committed for ``intervals``."""
         positions = frozenset(positions)

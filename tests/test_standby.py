@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from continuous_pipeline import click_rows, closing_rows, expected, make, outputs, write_file
+from deltawheel.statestore.delta import warm
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from test_continuous import wait_for
@@ -52,6 +53,8 @@ def test_a_standby_holds_nothing_until_the_active_instance_goes_then_takes_every
                  runs=(run_a, run_s))
         assert holders(zk_config, "clicks") == {c: ["a"] * 4 for c in COMPUTATIONS}
         assert run_s.executors == {}, "the standby took intervals while a lived"
+        # standing by, it warmed Delta's commit path for its takeover's claim (once per process)
+        wait_for("the standby's warm-up", lambda: warm._warmed, runs=(run_a, run_s))
         run_a.stop()  # the last instance that is not a standby goes
         wait_for("the standby took every interval", lambda: holders(zk_config, "clicks")
                  == {c: ["s"] * 4 for c in COMPUTATIONS}, runs=(run_s,), timeout_s=180)

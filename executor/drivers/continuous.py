@@ -456,10 +456,13 @@ class ContinuousRun:
                 try:
                     if not self._stopping.is_set() and stage.ex is not None:
                         self._hand_over(stage)
+                    moved = False
                     if not self._stopping.is_set() and self._sharing is not None and stage.replay_id is None:
                         caps = stage.acted_caps or {u: None for u in stage.next_caps}  # none acted on: unknown
-                        stage.ex, _ = self._sharing.rebalance(stage.comp, stage.checkpoint, stage.ex, caps=caps)
-                    if not self._stopping.is_set() and stage.ex is not None:
+                        stage.ex, moved = self._sharing.rebalance(stage.comp, stage.checkpoint, stage.ex, caps=caps)
+                    # intervals just taken: the query's next micro-batch (often waiting for this lock, a
+                    # failover's first) fires what is due; else the next tick does
+                    if not self._stopping.is_set() and stage.ex is not None and not moved:
                         with in_pool(self.spark, stage.query.name):  # the jobs of due timers: the stage's pool
                             stage.tick(self.wiring.authority, self.pipeline, layout=self.layout, files=self._files)
                 except DeltaWheelError as exc:

@@ -457,7 +457,7 @@ def test_the_skip_drops_the_records_of_the_files_each_interval_ran_from_real_par
         counts: dict[str, int] = {}
         for r in rows:
             counts[r["key"]] = counts.get(r["key"], 0) + 1
-        return counts, skipped, out.columns
+        return counts, int(skipped), out.columns  # counted by the collect above
 
     total = {k: per[0][k] + per[1][k] for k in per[0]}
     counts, skipped, columns = kept({0: frozenset({f0}), 2: frozenset({f0, f1}), 3: frozenset({"other"})}, [0, 1, 2, 3])

@@ -5,6 +5,7 @@ atomicity (a cancelled file never appears) and the same refusal to overwrite."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -100,9 +101,9 @@ def test_a_local_checkpoint_keeps_the_rename(spark, tmp_path: Path) -> None:  # 
 
 def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
     """Delta's N.crc is written once, after commit N, from that version's state: it is one PUT
-    with no existence probe (a HEAD and a LIST on S3A). Any other file (a query's offset log)
-    keeps the probe that refuses to overwrite it; so does a file in a table's log that is not a
-    checksum."""
+    with no existence probe (a HEAD and a LIST on S3A), uploaded in the background. Any other file
+    (a query's offset log) keeps the probe that refuses to overwrite it; so does a file in a
+    table's log that is not a checksum."""
     j = jvm(spark)
     base = f"s3a://{s3_bucket}/cfm-{uuid.uuid4().hex[:8]}"
 
@@ -115,11 +116,16 @@ def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket) -> No
         out = mgr.createAtomic(j.org.apache.hadoop.fs.Path(uri), False)
         out.write(bytearray(body))
         out.close()
+        deadline = time.monotonic() + 20
+        while _stat(fs, counts[2]) == before[2] and time.monotonic() < deadline:  # a checksum's upload
+            time.sleep(0.02)
         after = [_stat(fs, c) for c in counts]
         return after[0] - before[0], after[1] - before[1], after[2] - before[2]
 
     heads, lists, puts = write(f"t/_delta_log/{3:020d}.crc", b'{"tableSizeBytes": 1}')
     assert (heads, lists, puts) == (0, 0, 1)
+    threads = j.java.lang.Thread.getAllStackTraces().keySet().toArray()
+    assert "deltawheel-checksum-upload" in {str(t.getName()) for t in threads}  # not the committing thread
     assert write(f"t/_delta_log/{3:020d}.crc", b'{"tableSizeBytes": 1}') == (0, 0, 1)  # rewritten, not refused
     heads, lists, puts = write("q/offsets/0", b"v1")
     assert puts == 1 and heads + lists >= 1  # the no-overwrite probe

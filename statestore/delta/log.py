@@ -4,7 +4,10 @@ understand the log: the caller goes to Delta). docs/architecture-deltalog.md."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -14,7 +17,7 @@ from .storefs import TableFiles, local_path
 
 __all__ = ["LogSnapshot", "read_snapshot", "files_of", "log_files", "local_table_exists", "local_path",
            "commit_infos", "commit_info", "commit_info_in", "json_commit_versions", "damaged_entry",
-           "DAMAGE_DOC", "newest_commit_info", "user_metadata"]
+           "DAMAGE_DOC", "newest_commit_info", "user_metadata", "own_snapshot", "note_own_commit", "forget_snapshot"]
 
 DAMAGE_DOC = "docs/store-damage.md"
 
@@ -153,17 +156,144 @@ class _Replay:
         elif kind == "protocol":
             self.reader_features = set(act.get("readerFeatures") or ())
 
+    def copy(self) -> _Replay:
+        out = _Replay()
+        out.files, out.config, out.table_id = dict(self.files), dict(self.config), self.table_id
+        out.txns, out.added_at, out.bounded = dict(self.txns), dict(self.added_at), set(self.bounded)
+        out.reader_features = set(self.reader_features)
+        return out
+
+    def apply_lines(self, version: int, file: str, lines: list[str]) -> None:
+        for line in lines:
+            if not line.strip():
+                continue
+            act = _parse(line, file)
+            found = next((k for k in _ACTIONS if k in act), None)
+            if found is not None:
+                self.apply(found, act[found], version)
+
+    def snapshot(self, version: int) -> LogSnapshot | None:
+        """The replayed state at ``version`` (None: a log this module does not handle)."""
+        if any(k.startswith("delta.coordinatedCommits") for k in self.config):
+            return None
+        if self.reader_features & CATALOG_FEATURES:
+            return None
+        if any(":" in a["path"].split("/", 1)[0] or a["path"].startswith("/") for a in self.files.values()):
+            return None  # absolute paths: Delta canonicalises those
+        return LogSnapshot(version=version, adds=tuple(self.files.values()), configuration=self.config,
+                           txns=self.txns, added_at=self.added_at, bounded=frozenset(self.bounded),
+                           table_id=self.table_id)
+
 
 _ACTIONS = ("add", "remove", "metaData", "txn", "protocol")
 
 
+@dataclass
+class _Kept:
+    """A table's replayed log kept between reads (``stamp``: its newest JSON's (size, mtime), None: not
+    seen yet; ``writer``: set when the newest commit is that writer's own, applied without reading it)."""
+
+    version: int
+    stamp: tuple[int, int] | None
+    state: _Replay
+    snap: LogSnapshot
+    writer: str | None = None
+
+
+_KEPT: OrderedDict[str, _Kept] = OrderedDict()
+_KEPT_LOCK = threading.Lock()
+_KEPT_TABLES = 64  # tables whose replayed log is kept (least recently read dropped first)
+
+
+def _keep(log: TableFiles, kept: _Kept) -> None:
+    with _KEPT_LOCK:
+        old = _KEPT.get(log.root)
+        if old is not None and old.version > kept.version:
+            return  # a newer read landed meanwhile
+        _KEPT[log.root] = kept
+        _KEPT.move_to_end(log.root)
+        while len(_KEPT) > _KEPT_TABLES:
+            _KEPT.popitem(last=False)
+
+
+def _kept(log: TableFiles) -> _Kept | None:
+    with _KEPT_LOCK:
+        return _KEPT.get(log.root)
+
+
+def forget_snapshot(table: TableFiles) -> None:
+    """Drop what is kept of ``table``'s log: the next read lists and replays it."""
+    log = log_files(table)
+    if log is not None:
+        with _KEPT_LOCK:
+            _KEPT.pop(log.root, None)
+
+
+def own_snapshot(table: TableFiles, writer: str) -> LogSnapshot | None:
+    """The kept snapshot if its newest commit is ``writer``'s own (:func:`note_own_commit`), without
+    listing the log: a commit started from it is checked by Delta against any later commit."""
+    log = log_files(table)
+    kept = None if log is None else _kept(log)
+    return kept.snap if kept is not None and kept.writer == writer else None
+
+
+def note_own_commit(table: TableFiles, writer: str, *, read: int, version: int,
+                    removed: list[tuple[str, dict[str, Any] | None]], added: list[dict[str, Any]]) -> None:
+    """Apply ``writer``'s own commit ``version`` (files ``removed`` as (path, deletionVector), ``added``
+    add actions) to the kept log, if that was at ``read`` and the commit came right after it."""
+    log = log_files(table)
+    if log is None:
+        return
+    kept = _kept(log)
+    if kept is None or kept.version != read or version != read + 1:
+        forget_snapshot(table)  # others committed in between: the next read lists
+        return
+    state = kept.state.copy()
+    for path, dv in removed:
+        state.apply("remove", {"path": path, "deletionVector": dv}, version)
+    for add in added:
+        state.apply("add", add, version)
+    snap = state.snapshot(version)
+    if snap is not None:
+        _keep(log, _Kept(version=version, stamp=None, state=state, snap=snap, writer=writer))
+
+
+def _listing(log: TableFiles) -> tuple[list[str], Callable[[str], tuple[int, int] | None]]:
+    """The log folder's names, and a file's (size, mtime) by name (None: not there)."""
+    if log.is_local:
+        def stamp(name: str) -> tuple[int, int] | None:
+            try:
+                st = os.stat(log.path(name))
+            except FileNotFoundError:
+                return None
+            return st.st_size, st.st_mtime_ns
+        return log.listdir() or [], stamp
+    infos = {name: (size, mtime) for name, size, mtime in log.list_files() or []}
+    return list(infos), infos.get
+
+
 def read_snapshot(path: str | TableFiles) -> LogSnapshot | None:
-    """The live files of the Delta table at ``path`` (None: not handled here, ask Delta)."""
-    listing = _log_names(path)
-    if listing is None:
+    """The live files of the Delta table at ``path`` (None: not handled here, ask Delta).
+
+    The replayed log is kept per table: a later read lists the log and reads only the commits after
+    the kept one (the whole log again if that one's file changed or commits in between are gone)."""
+    log = log_files(path)
+    if log is None:
         return None
-    log, names = listing
+    names, stamp_of = _listing(log)
     commits = _commit_versions(names)
+    kept = _kept(log)
+    if kept is not None and commits and commits[-1] >= kept.version:
+        stamp = stamp_of(f"{kept.version:020d}.json")
+        newer = [v for v in commits if v > kept.version]
+        if (stamp is not None and kept.stamp in (None, stamp)
+                and newer == list(range(kept.version + 1, commits[-1] + 1))):
+            if not newer:
+                if kept.stamp is None:
+                    _keep(log, _Kept(version=kept.version, stamp=stamp, state=kept.state, snap=kept.snap,
+                                     writer=kept.writer))
+                return kept.snap
+            return _replay_after(log, kept.state.copy(), newer, stamp_of)
     cp, usable = newest_checkpoint(names)
     if not usable:
         return None
@@ -180,27 +310,23 @@ def read_snapshot(path: str | TableFiles) -> LogSnapshot | None:
                 state.apply(kind, act, cpv, checkpoint=True)
         except (UnreadableCheckpoint, FileNotFoundError):
             return None
+    if not todo:
+        return state.snapshot(cpv)  # a checkpoint's version without its JSON is not kept
+    return _replay_after(log, state, todo, stamp_of)
+
+
+def _replay_after(log: TableFiles, state: _Replay, todo: list[int],
+                  stamp_of: Callable[[str], tuple[int, int] | None]) -> LogSnapshot | None:
+    """``state`` with the JSON commits ``todo`` (ascending, contiguous) applied, and kept."""
     for v, got in zip(todo, _read_jsons(log, todo), strict=True):
         if got is None:
             return None
-        file, lines = got
-        for line in lines:
-            if not line.strip():
-                continue
-            act = _parse(line, file)
-            found = next((k for k in _ACTIONS if k in act), None)
-            if found is not None:
-                state.apply(found, act[found], v)
-    if any(k.startswith("delta.coordinatedCommits") for k in state.config):
-        return None
-    if state.reader_features & CATALOG_FEATURES:
-        return None
-    if any(":" in a["path"].split("/", 1)[0] or a["path"].startswith("/") for a in state.files.values()):
-        return None  # absolute paths: Delta canonicalises those
-    version = todo[-1] if todo else cpv
-    return LogSnapshot(version=version, adds=tuple(state.files.values()), configuration=state.config,
-                       txns=state.txns, added_at=state.added_at, bounded=frozenset(state.bounded),
-                       table_id=state.table_id)
+        state.apply_lines(v, *got)
+    version = todo[-1]
+    snap = state.snapshot(version)
+    if snap is not None:
+        _keep(log, _Kept(version=version, stamp=stamp_of(f"{version:020d}.json"), state=state, snap=snap))
+    return snap
 
 
 def json_commit_versions(path: str | TableFiles) -> list[int] | None:

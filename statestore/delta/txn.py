@@ -12,7 +12,7 @@ from urllib.parse import quote, unquote
 from ..exceptions import StaleFilesError
 from .jvm import DeltaClasses, delta_classes, jsession
 from .jvm import jvm as jvm_of
-from .log import LogSnapshot, read_snapshot
+from .log import LogSnapshot, own_snapshot, read_snapshot
 from .maintenance import note_commit
 from .storefs import TableFiles, table_files
 
@@ -120,11 +120,15 @@ class TableLog:
         meta = d.some(user_metadata) if user_metadata is not None else none
         return d.write_op(d.modes[overwrite], none, pred, meta, *([none] * (d.write_arity - 4)))
 
-    def files(self, predicate_sql: str, *,
-              where: Callable[[Mapping[str, str]], bool] | None = None) -> tuple[int, list[FileEntry]]:
-        """(snapshot version, live files matching a partition predicate; ``where``: it in Python)."""
+    def files(self, predicate_sql: str, *, where: Callable[[Mapping[str, str]], bool] | None = None,
+              own: str | None = None) -> tuple[int, list[FileEntry]]:
+        """(snapshot version, live files matching a partition predicate; ``where``: it in Python).
+
+        ``own``: a writer whose own commit is the newest known takes the kept snapshot without listing
+        the log (:func:`.log.own_snapshot`)."""
         if where is not None:
-            snap = self._snapshot()
+            snap = (own_snapshot(self._files, own) if own is not None and self._files is not None else None
+                    ) or self._snapshot()
             if snap is not None:
                 entries = []
                 for a in snap.adds:

@@ -1,6 +1,9 @@
 package io.deltawheel.storage;
 
 import java.io.IOException;
+import java.util.concurrent.ArrayBlockingQueue;
+import java.util.concurrent.ThreadPoolExecutor;
+import java.util.concurrent.TimeUnit;
 
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.FSDataOutputStream;
@@ -27,6 +30,12 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
  * its copy: neither is a put-if-absent between two writers, and nothing in deltawheel rests on it
  * (a second copy of a job is kept off its checkpoint by the leases, docs/fencing.md).
  *
+ * <p>A checksum file's upload runs in the background: Delta writes it after the commit, on the
+ * committing thread, and it costs the commit a PUT's round trips (two with S3's
+ * {@code Expect: 100-continue}). A checksum is optional: Delta reads the newest one there is and
+ * replays the log where it is missing, so one lost with its JVM costs nothing. At most 64 wait;
+ * past that the committing thread uploads its own.
+ *
  * <p>Any other file system (a local folder, HDFS) gets the rename-based manager unchanged.
  */
 public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileManager {
@@ -45,6 +54,14 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
         return parent != null && "_delta_log".equals(parent.getName()) && path.getName().matches("\\d{20}\\.crc");
     }
 
+    /** Checksum uploads: one or two threads, 64 waiting at most, then the caller's own thread. */
+    private static final ThreadPoolExecutor CHECKSUMS = new ThreadPoolExecutor(
+            1, 2, 30, TimeUnit.SECONDS, new ArrayBlockingQueue<>(64), r -> {
+                Thread t = new Thread(r, "deltawheel-checksum-upload");
+                t.setDaemon(true);
+                return t;
+            }, new ThreadPoolExecutor.CallerRunsPolicy());
+
     public DirectCheckpointFileManager(Path path, Configuration hadoopConf) {
         super(path, hadoopConf);
     }
@@ -62,9 +79,9 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
                 // HEAD and a LIST), as the log store writes N.json
                 org.apache.hadoop.fs.FSDataOutputStreamBuilder<?, ?> b = fs.createFile(path).overwrite(true);
                 b.opt(PERFORMANCE, true);
-                return new InPlace(b.build(), path);
+                return new InPlace(b.build(), path, true);
             }
-            return new InPlace(fs.create(path, overwriteIfPossible), path);
+            return new InPlace(fs.create(path, overwriteIfPossible), path, false);
         } catch (IOException e) {
             // FileAlreadyExistsException must reach Spark as it is (its metadata logs report a
             // concurrent writer by it); the Scala signature declares nothing
@@ -81,12 +98,14 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
     static final class InPlace extends CheckpointFileManager.CancellableFSDataOutputStream {
         private final FSDataOutputStream out;
         private final Path path;
+        private final boolean background;
         private boolean finished;
 
-        InPlace(FSDataOutputStream out, Path path) {
+        InPlace(FSDataOutputStream out, Path path, boolean background) {
             super(out);
             this.out = out;
             this.path = path;
+            this.background = background;
         }
 
         @Override
@@ -95,6 +114,17 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
                 return;
             }
             finished = true;
+            if (background) {  // a checksum: visible once its upload ends, or never
+                CHECKSUMS.execute(() -> {
+                    try {
+                        out.close();
+                    } catch (IOException | RuntimeException e) {
+                        org.slf4j.LoggerFactory.getLogger(DirectCheckpointFileManager.class)
+                                .warn("checksum file " + path + " not written (Delta reads an older one): " + e);
+                    }
+                });
+                return;
+            }
             out.close();  // the upload: the file is visible once this returns
         }
 

@@ -328,7 +328,7 @@ class RowStore:
                 try:
                     if frame is None and (files := self._files(computation)) is not None:
                         merge_files(TableLog(self._spark, self.path(computation)), files, src, computation=computation,
-                                    intervals=touched, meta=info)
+                                    intervals=touched, meta=info, writer=self.writer)
                     else:
                         self._merge(src, computation, touched, info, frame=frame)
                     break

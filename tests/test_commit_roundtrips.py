@@ -1,0 +1,174 @@
+"""A commit's round trips cut: the log kept between reads (only newer commits read), a writer's own
+newest commit taken without listing the log, and the files this process wrote read from memory.
+Each must leave what a reader sees and what a zombie can land exactly as before."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltawheel.statestore.codecs import get_codec
+from deltawheel.statestore.delta import log as dlog
+from deltawheel.statestore.delta.jvm import delta_classes, jvm
+from deltawheel.statestore.delta.storefs import TableFiles
+from deltawheel.statestore.delta.txn import TableLog, new_add
+from deltawheel.statestore.exceptions import StaleSequencerError
+from deltawheel.statestore.rowtable.frames import arrow_schema
+from deltawheel.statestore.rowtable.rows import FENCE_KEY, KeyRow, interval_of, rows_file_ddl
+from deltawheel.statestore.rowtable.store import RowStore, commit_metadata
+
+pytestmark = pytest.mark.spark
+
+J = get_codec("json")
+N = 4
+
+
+def _whole(files: TableFiles) -> dlog.LogSnapshot | None:
+    """The table's snapshot replayed from its log alone (nothing kept)."""
+    dlog.forget_snapshot(files)
+    try:
+        return dlog.read_snapshot(files)
+    finally:
+        dlog.forget_snapshot(files)
+
+
+def _seen(snap: dlog.LogSnapshot | None) -> object:
+    if snap is None:
+        return None
+    return (snap.version, sorted((a["path"], json.dumps(a.get("deletionVector"), sort_keys=True)) for a in snap.adds),
+            snap.txns, snap.configuration, snap.table_id)
+
+
+def _hand_commit(table: Path, version: int, adds: list[str], removes: list[str] = ()) -> None:  # type: ignore[assignment]
+    """A commit as another process writes it: the next ``N.json`` of the log, by hand."""
+    now = int(time.time() * 1000)
+    lines = [json.dumps({"commitInfo": {"timestamp": now, "operation": "WRITE",
+                                        "operationParameters": {"mode": "Append"}}})]
+    lines += [json.dumps({"remove": {"path": p, "deletionTimestamp": now, "dataChange": True}}) for p in removes]
+    lines += adds
+    (table / "_delta_log" / f"{version:020d}.json").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_kept_log_reads_as_the_whole_log_after_any_sequence_of_changes(spark, tmp_path: Path, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """Random commits of this JVM, commits written by another process, Delta checkpoints and the
+    table dropped and made again at the same path: after each, the snapshot read with the kept log
+    equals the one replayed from the log alone."""
+    rnd = random.Random(seed)
+    table = tmp_path / "t"
+    spark.createDataFrame([(0,)], "x int").write.format("delta").save(str(table))
+    files = TableFiles(str(table))
+
+    def data_file(tag: str) -> str:
+        rel = f"part-{tag}-{uuid.uuid4().hex[:6]}.parquet"
+        pq.write_table(pa.table({"x": pa.array([1], pa.int32())}), table / rel)
+        return new_add(rel, {}, (table / rel).stat().st_size, 1)
+
+    for step in range(24):
+        log = TableLog(spark, str(table))
+        kind = rnd.choice(["jvm", "jvm", "hand", "checkpoint", "app"] + (["recreate"] if step in (9, 17) else []))
+        if kind == "jvm":
+            snap = dlog.read_snapshot(files)
+            assert snap is not None
+            gone = [a for a in snap.adds if rnd.random() < 0.4]
+            from deltawheel.statestore.delta.txn import FileEntry
+
+            log.commit(remove=[FileEntry(path=a["path"], partition_values=(), size=int(a["size"]),
+                                         has_deletion_vector=False, action_json=json.dumps({"add": a})) for a in gone],
+                       add=[data_file("j") for _ in range(rnd.randint(0, 2))])
+        elif kind == "app":
+            log.commit(app_versions={f"app{rnd.randint(0, 2)}": step})
+        elif kind == "hand":
+            snap = dlog.read_snapshot(files)
+            assert snap is not None
+            gone = [a["path"] for a in snap.adds if rnd.random() < 0.3]
+            _hand_commit(table, snap.version + 1, [data_file("h") for _ in range(rnd.randint(1, 2))], gone)
+        elif kind == "checkpoint":
+            d = delta_classes(jvm(spark))
+            version = log.version_now()  # this JVM's snapshot brought up to the hand-written commits
+            log._log.checkpoint(log._log.getSnapshotAt(version, d.none, d.none, False), d.none)
+            assert any(".checkpoint." in n for n in (table / "_delta_log").iterdir() for n in [n.name])
+        else:  # dropped and made again, as many versions as before or more
+            before = dlog.read_snapshot(files)
+            assert before is not None
+            shutil.rmtree(table)
+            spark.createDataFrame([(9,)], "x int").write.format("delta").save(str(table))
+            for v in range(1, before.version + 2):
+                _hand_commit(table, v, [data_file("r")])
+        kept, whole = dlog.read_snapshot(files), _whole(files)
+        assert _seen(kept) == _seen(whole), f"step {step} ({kind})"
+        dlog.read_snapshot(files)  # keep it again for the next step
+
+
+def _rows_file(table: Path, computation: str, iv: int, seq: int) -> str:
+    """A claim's fence row for ``iv`` under ``seq``, written as another process writes it."""
+    row = KeyRow(computation=computation, key=FENCE_KEY, interval=iv, sequencer=seq, commit_id="other:1",
+                 updated_ms=int(time.time() * 1000)).to_row()
+    schema = arrow_schema(rows_file_ddl())
+    rel = f"computation={computation}/interval={iv}/part-{uuid.uuid4().hex}-claim.snappy.parquet"
+    (table / rel).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist([{c: row.get(c) for c in schema.names}], schema=schema), table / rel)
+    return new_add(rel, {"computation": computation, "interval": str(iv)}, (table / rel).stat().st_size, 1)
+
+
+def test_a_writer_that_skipped_the_listing_is_fenced_by_a_claim_it_never_saw(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    """A writer whose own commit was the newest it knew commits again without listing the log. Another
+    process's takeover claimed its interval meanwhile (a commit this JVM never read): the commit must
+    fail as stale and land nothing, and the claim's fence must stay."""
+    old = RowStore(spark, migrated_store, writer="old")
+    key = "a"
+    iv = interval_of(key, N)
+    old.fence("counter", {iv: 1})
+    old.commit("counter", [KeyRow(computation="counter", key=key, interval=iv, state=J.encode(1))], sequencers={iv: 1})
+    old.commit("counter", [KeyRow(computation="counter", key=key, interval=iv, state=J.encode(2))], sequencers={iv: 1})
+    table = Path(migrated_store.rows_of("counter"))
+    files = TableFiles(str(table))
+    assert dlog.own_snapshot(files, "old") is not None  # the next commit skips the listing
+    version = commit_metadata(spark, migrated_store, "counter")[-1][0]
+    _hand_commit(table, version + 1, [_rows_file(table, "counter", iv, 2)])
+    with pytest.raises(StaleSequencerError, match="owned under sequencer 2"):
+        old.commit("counter", [KeyRow(computation="counter", key=key, interval=iv, state=J.encode(3))],
+                   sequencers={iv: 1})
+    assert commit_metadata(spark, migrated_store, "counter")[-1][0] == version + 1  # nothing landed
+    fences = RowStore(spark, migrated_store, writer="reader").fences("counter")
+    assert fences[iv] == 2
+    got = RowStore(spark, migrated_store, writer="reader").read_keys("counter", [key], num_intervals=N)
+    assert J.decode(got[key].state) == 2
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_writers_interleaved_with_foreign_commits_lose_no_update(spark, migrated_store, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """Two writers of one table (intervals of their own) commit in a random order, with commits of
+    another process landing between them in intervals neither holds: every key ends at its last
+    written value, whichever commits skipped the listing, were rebased by Delta or read the files
+    this process wrote from memory."""
+    rnd = random.Random(seed)
+    writers = {"w0": (0, 1), "w1": (2,)}
+    stores = {w: RowStore(spark, migrated_store, writer=w) for w in writers}
+    for w, ivs in writers.items():
+        stores[w].fence("counter", {iv: 1 for iv in ivs})
+    keys = [f"k{i}" for i in range(40) if interval_of(f"k{i}", N) != 3]
+    model: dict[str, int] = {}
+    table = Path(migrated_store.rows_of("counter"))
+    for step in range(18):
+        if rnd.random() < 0.25:  # another process, in interval 3
+            version = commit_metadata(spark, migrated_store, "counter")[-1][0]
+            _hand_commit(table, version + 1, [_rows_file(table, "counter", 3, 1)])
+            continue
+        w = rnd.choice(sorted(writers))
+        mine = [k for k in keys if interval_of(k, N) in writers[w]]
+        picked = rnd.sample(mine, rnd.randint(1, 4))
+        for k in picked:
+            model[k] = step
+        stores[w].commit("counter", [KeyRow(computation="counter", key=k, interval=interval_of(k, N),
+                                            state=J.encode(step)) for k in picked],
+                         sequencers={iv: 1 for iv in writers[w]})
+    got = RowStore(spark, migrated_store, writer="reader").read_keys("counter", list(model), num_intervals=N)
+    assert {k: J.decode(r.state) for k, r in got.items()} == model

@@ -344,6 +344,9 @@ def run_latency(st: LatencySettings, *, spark: Any = None, progress: Say | None 
         engines, prewarm = _run_engines(st, session=session, out=out, say=say)
     finally:
         if broker is not None:
+            from deltawheel.executor.tasks.image.kafkaread import close_consumers
+
+            close_consumers()  # before the broker: a kept consumer polling a stopped one logs every retry
             broker.stop()
     schedule = st.schedule()
     report: dict[str, Any] = {

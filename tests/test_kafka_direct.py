@@ -93,6 +93,7 @@ def test_the_tasks_read_the_rows_the_jvm_prepares(spark: Any, kafka_broker: Any,
     equal what the JVM prepares from Spark's Kafka source, for every interval subset; the driver's
     per-partition statistics equal the JVM's."""
     from deltawheel.executor.sources.injector import BatchStats
+    from deltawheel.executor.tasks.image import kafkaread
     from deltawheel.executor.tasks.image.direct import DirectBatch
     from deltawheel.executor.tasks.image.job import ImageTasks
     from deltawheel.executor.tasks.image.kafkaread import (
@@ -140,6 +141,10 @@ def test_the_tasks_read_the_rows_the_jvm_prepares(spark: Any, kafka_broker: Any,
             rows = sorted(map(_decoded, got.filter(pa.compute.invert(got.column("_m"))).to_pylist()), key=repr)
             assert rows == sorted(map(_decoded, want.to_pylist()), key=repr)
         prep = prepare_records(read, "events", read_ranges(read, ranges))
+        assert kafkaread._CONSUMERS  # kept for the next batch
+        kafkaread.close_consumers()  # as the latency bench does before it stops its broker
+        assert not kafkaread._CONSUMERS
+        assert prepare_records(read, "events", read_ranges(read, ranges)).record_id == prep.record_id  # a new one
         count, lo, hi, parts = partition_maxima(read, prep, now_ms=now, max_event_ahead_ms=86_400_000)
         from deltawheel.executor.sources.kafka import partition_stats
 
@@ -149,6 +154,7 @@ def test_the_tasks_read_the_rows_the_jvm_prepares(spark: Any, kafka_broker: Any,
 
     q = df.writeStream.foreachBatch(check).trigger(availableNow=True).option("checkpointLocation", chk).start()
     q.awaitTermination()
+    kafkaread.close_consumers()
     assert q.exception() is None
     assert seen and seen == list(range(len(seen)))
 

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ...exceptions import KafkaDataLossError
 from ..input import MALFORMED_CODEC, MAX_EVENT_MS, MIN_EVENT_MS, KafkaRead
 
-__all__ = ["KafkaRecords", "KafkaRows", "read_ranges", "prepare_records", "batch_ranges",
+__all__ = ["KafkaRecords", "close_consumers", "KafkaRows", "read_ranges", "prepare_records", "batch_ranges",
            "MAX_DIRECT_RECORDS", "record_texts", "Uncertain", "partition_maxima"]
 
 _INT_RANGE = {"int": (-2**31, 2**31 - 1), "bigint": (-2**63, 2**63 - 1)}
@@ -65,7 +65,8 @@ _CONSUMERS_LOCK = threading.Lock()
 
 
 @atexit.register
-def _close_consumers() -> None:
+def close_consumers() -> None:
+    """Close this process's kept consumers (at exit; or before the broker they poll goes away)."""
     with _CONSUMERS_LOCK:
         while _CONSUMERS:
             _CONSUMERS.popitem()[1].close()

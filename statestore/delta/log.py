@@ -3,6 +3,7 @@ understand the log: the caller goes to Delta). docs/architecture-deltalog.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -17,7 +18,8 @@ from .storefs import TableFiles, local_path
 
 __all__ = ["LogSnapshot", "read_snapshot", "files_of", "log_files", "local_table_exists", "local_path",
            "commit_infos", "commit_info", "commit_info_in", "json_commit_versions", "damaged_entry",
-           "DAMAGE_DOC", "newest_commit_info", "user_metadata", "own_snapshot", "note_own_commit", "forget_snapshot"]
+           "DAMAGE_DOC", "newest_commit_info", "user_metadata", "own_snapshot", "note_own_commit", "forget_snapshot",
+           "disown_snapshot"]
 
 DAMAGE_DOC = "docs/store-damage.md"
 
@@ -229,6 +231,18 @@ def forget_snapshot(table: TableFiles) -> None:
             _KEPT.pop(log.root, None)
 
 
+def disown_snapshot(table: TableFiles) -> None:
+    """Mark ``table``'s kept log as no writer's own: the next read lists the log (and reads only the
+    commits after the kept version)."""
+    log = log_files(table)
+    if log is None:
+        return
+    with _KEPT_LOCK:
+        kept = _KEPT.get(log.root)
+        if kept is not None and kept.writer is not None:
+            _KEPT[log.root] = dataclasses.replace(kept, writer=None)
+
+
 def own_snapshot(table: TableFiles, writer: str) -> LogSnapshot | None:
     """The kept snapshot if its newest commit is ``writer``'s own (:func:`note_own_commit`), without
     listing the log: a commit started from it is checked by Delta against any later commit."""
@@ -246,7 +260,7 @@ def note_own_commit(table: TableFiles, writer: str, *, read: int, version: int,
         return
     kept = _kept(log)
     if kept is None or kept.version != read or version != read + 1:
-        forget_snapshot(table)  # others committed in between: the next read lists
+        disown_snapshot(table)  # others committed in between: the next read lists
         return
     state = kept.state.copy()
     for path, dv in removed:

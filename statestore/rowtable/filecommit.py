@@ -10,7 +10,7 @@ from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
 from ..delta.deletionvectors import live_table
-from ..delta.log import forget_snapshot, note_own_commit
+from ..delta.log import disown_snapshot, note_own_commit
 from ..delta.storefs import TableFiles, background_uploads
 from ..delta.txn import TableLog, decode_path, new_add, partition_file_name, write_file
 from ..exceptions import StaleFilesError
@@ -124,7 +124,7 @@ def merge_files(log: TableLog, files: TableFiles, src: Sequence[Mapping[str, Any
     """Apply the MERGE source ``src`` (rows with ``_op``) to ``intervals`` in one commit; returns its version.
 
     ``writer``: when this writer made the table's newest commit it knows of, the log is not listed
-    again (Delta's conflict check at commit catches any commit since); a failed commit forgets it.
+    again (Delta's conflict check at commit catches any commit since); a failed commit drops that mark.
 
     Raises:
         RuntimeError: the MERGE's stale-sequencer message (``translate_commit_error`` reads it).
@@ -150,10 +150,10 @@ def merge_files(log: TableLog, files: TableFiles, src: Sequence[Mapping[str, Any
                              read_partitions=[f"computation = '{computation}' AND interval = {v}" for v in sorted(wanted)],
                              untouched_since=(version, parts))
         except StaleFilesError:
-            forget_snapshot(files)
+            disown_snapshot(files)
             continue  # list them again
         except BaseException:
-            forget_snapshot(files)
+            disown_snapshot(files)
             raise
         assert got is not None
         if writer is not None:

@@ -308,6 +308,11 @@ def read_snapshot(path: str | TableFiles) -> LogSnapshot | None:
                                      writer=kept.writer))
                 return kept.snap
             return _replay_after(log, kept.state.copy(), newer, stamp_of)
+    if kept is not None and commits and commits[-1] >= kept.version:
+        # the kept version's file changed or went (a newer kept one is another thread's, after this listing)
+        with _KEPT_LOCK:
+            if _KEPT.get(log.root) is kept:
+                del _KEPT[log.root]
     cp, usable = newest_checkpoint(names)
     if not usable:
         return None

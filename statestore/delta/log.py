@@ -304,12 +304,10 @@ def read_snapshot(path: str | TableFiles) -> LogSnapshot | None:
                 and newer == list(range(kept.version + 1, commits[-1] + 1))):
             if not newer:
                 if kept.stamp is None:
-                    _keep(log, _Kept(version=kept.version, stamp=stamp, state=kept.state, snap=kept.snap,
-                                     writer=kept.writer))
+                    _keep(log, dataclasses.replace(kept, stamp=stamp))
                 return kept.snap
             return _replay_after(log, kept.state.copy(), newer, stamp_of)
-    if kept is not None and commits and commits[-1] >= kept.version:
-        # the kept version's file changed or went (a newer kept one is another thread's, after this listing)
+        # the kept version's file changed, or commits after it went: nothing of it is trusted any more
         with _KEPT_LOCK:
             if _KEPT.get(log.root) is kept:
                 del _KEPT[log.root]

@@ -89,16 +89,6 @@ def test_a_cancelled_file_never_appears_and_an_existing_one_is_not_overwritten(s
     stream.close()
 
 
-def test_a_local_checkpoint_keeps_the_rename(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """Other file systems are left as Spark writes them: a temporary file renamed at close."""
-    path = jvm(spark).org.apache.hadoop.fs.Path(f"file://{tmp_path}/offsets/0")
-    out = _manager(spark, str(path)).createAtomic(path, False)
-    try:
-        assert out.getClass().getSimpleName() == "RenameBasedFSDataOutputStream"
-    finally:
-        out.cancel()
-
-
 def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
     """Delta's N.crc is written once, after commit N, from that version's state: it is one PUT
     with no existence probe (a HEAD and a LIST on S3A), uploaded in the background. Any other file

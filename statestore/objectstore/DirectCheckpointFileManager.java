@@ -36,7 +36,13 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
  * replays the log where it is missing, so one lost with its JVM costs nothing. At most 64 wait;
  * past that the committing thread uploads its own.
  *
- * <p>Any other file system (a local folder, HDFS) gets the rename-based manager unchanged.
+ * <p>A local folder ({@code file:}) is written with the JDK's own file calls: the bytes to a
+ * temporary file beside the target, then a hard link onto the target (a file that exists fails
+ * the link, atomically, whatever process made it) or, to overwrite, an atomic replacing move.
+ * Hadoop's local file system would make each file with {@code chmod} forked from the JVM, twice
+ * (the file and its {@code .crc} side file) when its native library is missing, as it is in
+ * pyspark's jars: several forks per Delta commit (its checksum) and per streaming batch (the
+ * offset and commit logs). Any other file system (HDFS) gets the rename-based manager unchanged.
  */
 public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileManager {
 
@@ -69,6 +75,13 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
     @Override
     public CheckpointFileManager.CancellableFSDataOutputStream createAtomic(Path path, boolean overwriteIfPossible) {
         FileSystem fs = fs();
+        if ("file".equals(fs.getScheme())) {
+            try {
+                return LocalAtomic.create(fs, path, overwriteIfPossible);
+            } catch (IOException e) {
+                throw DirectCheckpointFileManager.<RuntimeException>sneaky(e);
+            }
+        }
         if (!direct(fs)) {
             return super.createAtomic(path, overwriteIfPossible);
         }
@@ -85,6 +98,20 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
         } catch (IOException e) {
             // FileAlreadyExistsException must reach Spark as it is (its metadata logs report a
             // concurrent writer by it); the Scala signature declares nothing
+            throw DirectCheckpointFileManager.<RuntimeException>sneaky(e);
+        }
+    }
+
+    @Override
+    public void mkdirs(Path path) {
+        FileSystem fs = fs();
+        if (!"file".equals(fs.getScheme())) {
+            super.mkdirs(path);
+            return;
+        }
+        try {  // Hadoop's local mkdirs forks chmod (as createAtomic's files above)
+            java.nio.file.Files.createDirectories(java.nio.file.Paths.get(fs.makeQualified(path).toUri()));
+        } catch (IOException e) {
             throw DirectCheckpointFileManager.<RuntimeException>sneaky(e);
         }
     }
@@ -139,6 +166,92 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
             } catch (UnsupportedOperationException e) {
                 throw new IllegalStateException("cannot cancel the write of " + path
                         + ": its output stream cannot abort", e);
+            }
+        }
+    }
+
+    /**
+     * A local file written to a temporary name beside it and published at close: linked onto the
+     * target (Hadoop's FileAlreadyExistsException if it exists, which Spark's metadata logs take
+     * for a concurrent writer) or moved over it; cancel() deletes the temporary file.
+     */
+    static final class LocalAtomic extends CheckpointFileManager.CancellableFSDataOutputStream {
+        private final java.nio.file.Path tmp;
+        private final java.nio.file.Path target;
+        private final Path path;
+        private final boolean overwrite;
+        private final java.io.OutputStream file;
+        private boolean finished;
+
+        private LocalAtomic(java.io.OutputStream file, java.nio.file.Path tmp, java.nio.file.Path target, Path path,
+                            boolean overwrite) {
+            super(file);
+            this.file = file;
+            this.tmp = tmp;
+            this.target = target;
+            this.path = path;
+            this.overwrite = overwrite;
+        }
+
+        static LocalAtomic create(FileSystem fs, Path path, boolean overwrite) throws IOException {
+            java.nio.file.Path target = java.nio.file.Paths.get(fs.makeQualified(path).toUri());
+            java.nio.file.Path dir = target.getParent();
+            java.nio.file.Files.createDirectories(dir);  // as Hadoop's create makes the parents
+            java.nio.file.Path tmp = dir.resolve("." + target.getFileName() + "." + java.util.UUID.randomUUID() + ".tmp");
+            java.io.OutputStream out = new java.io.BufferedOutputStream(java.nio.file.Files.newOutputStream(
+                    tmp, java.nio.file.StandardOpenOption.CREATE_NEW, java.nio.file.StandardOpenOption.WRITE), 65536);
+            return new LocalAtomic(out, tmp, target, path, overwrite);
+        }
+
+        @Override
+        public synchronized void close() throws IOException {
+            if (finished) {
+                return;
+            }
+            finished = true;
+            try {
+                super.close();  // flushes and closes the temporary file
+                if (overwrite) {
+                    java.nio.file.Files.move(tmp, target, java.nio.file.StandardCopyOption.REPLACE_EXISTING,
+                            java.nio.file.StandardCopyOption.ATOMIC_MOVE);
+                    return;
+                }
+                try {
+                    java.nio.file.Files.createLink(target, tmp);
+                } catch (java.nio.file.FileAlreadyExistsException e) {
+                    throw new org.apache.hadoop.fs.FileAlreadyExistsException(path + " already exists");
+                } catch (UnsupportedOperationException e) {  // no hard links here: the JVM-locked check
+                    moveIfAbsent(tmp, target, path);
+                }
+            } finally {
+                java.nio.file.Files.deleteIfExists(tmp);
+            }
+        }
+
+        private static synchronized void moveIfAbsent(java.nio.file.Path tmp, java.nio.file.Path target, Path path)
+                throws IOException {
+            if (java.nio.file.Files.exists(target)) {
+                throw new org.apache.hadoop.fs.FileAlreadyExistsException(path + " already exists");
+            }
+            java.nio.file.Files.move(tmp, target, java.nio.file.StandardCopyOption.ATOMIC_MOVE);
+        }
+
+        @Override
+        public synchronized void cancel() {
+            if (finished) {
+                return;
+            }
+            finished = true;
+            try {
+                file.close();
+            } catch (IOException e) {
+                // the temporary file goes below either way
+            }
+            try {
+                java.nio.file.Files.deleteIfExists(tmp);
+            } catch (IOException e) {
+                org.slf4j.LoggerFactory.getLogger(DirectCheckpointFileManager.class)
+                        .warn("could not delete " + tmp + ": " + e);
             }
         }
     }

@@ -80,6 +80,9 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         jars.append(store_jar)
     s3_jars = _object_store_jars(settings.object_store)
     jars += s3_jars
+    manager = None if s3_jars or store_jar is None else _checkpoint_manager_jar()
+    if manager is not None:  # local checkpoint files without Hadoop's forked chmod (docs/performance.md)
+        jars.append(manager)
     if settings.kafka is not False:  # Spark's Kafka connector (docs/sources.md)
         from .connectors import ensure_kafka_jars, kafka_jars_present
 
@@ -110,6 +113,10 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         # (docs/performance.md); exactly-once does not rest on their atomicity (docs/fencing.md)
         .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
     )
+    if manager is not None:
+        from ..objectstore.logstore import DIRECT_CHECKPOINT_MANAGER_CLASS
+
+        builder = builder.config("spark.sql.streaming.checkpointFileManagerClass", DIRECT_CHECKPOINT_MANAGER_CLASS)
     if settings.python_daemon is not None:
         builder = builder.config("spark.python.daemon.module", settings.python_daemon)
     if store_jar is not None:  # commits to local tables: put-if-absent across processes
@@ -118,7 +125,7 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         from ..objectstore.logstore import DIRECT_CHECKPOINT_MANAGER_CLASS, ZK_LOG_STORE_CLASS
 
         builder = builder.config("spark.delta.logStore.s3a.impl", ZK_LOG_STORE_CLASS)
-        # checkpoint files on s3a:// written in place, one PUT (docs/objectstore.md)
+        # checkpoint files on s3a:// written in place, one PUT (docs/objectstore.md); local ones unforked
         builder = builder.config("spark.sql.streaming.checkpointFileManagerClass", DIRECT_CHECKPOINT_MANAGER_CLASS)
     if settings.hive_support:
         builder = builder.config("spark.sql.catalogImplementation", "hive").config(
@@ -198,6 +205,13 @@ def check_session(spark: Any, store: str) -> None:
         f"deltawheel.executor.session), or set these before the session starts, with {jars} "
         f"from deltawheel.statestore.session.sparkenv.setup_jars() in spark.jars (docs/embedding.md, "
         f"'Session settings')")
+
+
+def _checkpoint_manager_jar() -> Path | None:
+    """deltawheel's checkpoint file manager (local files written without forking ``chmod``), if compiled."""
+    from ..objectstore.logstore import ensure_checkpoint_manager_jar
+
+    return ensure_checkpoint_manager_jar(quiet=True)
 
 
 def _object_store_jars(wanted: bool | None) -> list[Path]:

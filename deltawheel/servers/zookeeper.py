@@ -163,7 +163,9 @@ class EmbeddedZooKeeper(Server):
     def _write_config(self) -> None:
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
         lines = [f"dataDir={self.data_dir / 'data'}", f"clientPort={self.port}", f"clientPortAddress={self.host}",
-                 "tickTime=500", "minSessionTimeout=1000", "maxSessionTimeout=60000", "initLimit=10", "syncLimit=5",
+                 # a session expires at the first tick after its timeout: a 100-ms tick, a killed process's
+                 # leases free within 0.1 s of it; the ensemble's limits (in ticks) stay 5 s and 2.5 s
+                 "tickTime=100", "minSessionTimeout=1000", "maxSessionTimeout=60000", "initLimit=50", "syncLimit=25",
                  "maxClientCnxns=0", "4lw.commands.whitelist=ruok,srvr,stat,mntr", "admin.enableServer=false",
                  "autopurge.snapRetainCount=3", "autopurge.purgeInterval=1"]
         if self.quorum:

@@ -340,6 +340,9 @@ def run_from_args(args: argparse.Namespace) -> int:
                      keys_per_batch=args.keys_per_batch)
     finally:
         if spark is not None:
+            from deltawheel.statestore.delta.maintenance import checkpointer
+
+            checkpointer(spark).idle(60.0)  # a log checkpoint under way ends before the session does
             spark.stop()
         servers.stop()
     (out / "commits.json").write_text(json.dumps(result, indent=1, sort_keys=True))

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote, unquote
 
 from ..exceptions import StaleFilesError
-from .jvm import DeltaClasses, delta_classes, jsession
+from .jvm import DeltaClasses, delta_classes, jsession, per_owner
 from .jvm import jvm as jvm_of
 from .log import LogSnapshot, own_snapshot, read_snapshot
 from .maintenance import note_commit
@@ -64,6 +64,16 @@ def _memo(cache: dict[str, Any], key: str, make: Callable[[str], Any]) -> Any:
     return value
 
 
+@dataclass
+class _Memo:
+    """The JVM objects one JVM's table logs share (see :func:`_memo`)."""
+
+    parsed: dict[str, Any] = field(default_factory=dict)
+    seqs: dict[str, Any] = field(default_factory=dict)
+    somes: dict[str, Any] = field(default_factory=dict)
+    actions: dict[str, Any] = field(default_factory=dict)
+
+
 class TableLog:
     """File-level reads and commits of one Delta table (driver side); the JVM is reached on first use."""
 
@@ -73,11 +83,11 @@ class TableLog:
         self._jvm = jvm_of(spark)
         self._files = table_files(spark, path)
         self._jlog: Any = None
-        self._parser: Any = None
-        self._parsed: dict[str, Any] = {}  # predicate SQL -> parsed expression
-        self._seqs: dict[str, Any] = {}  # predicates (one a line) -> the Seq of them parsed
-        self._somes: dict[str, Any] = {}  # the operation's OR of predicates -> its Some
-        self._actions: dict[str, Any] = {}  # action JSON -> Delta action object
+        # made once per JVM and shared by its tables' logs (a TableLog is often made per commit):
+        # predicate SQL -> parsed expression; predicates (one a line) -> the Seq of them parsed; the
+        # operation's OR of predicates -> its Some; action JSON -> Delta action object
+        memo = per_owner("txn-memo", self._jvm, _Memo)
+        self._parsed, self._seqs, self._somes, self._actions = memo.parsed, memo.seqs, memo.somes, memo.actions
 
     @property
     def _d(self) -> DeltaClasses:
@@ -104,9 +114,7 @@ class TableLog:
         return _memo(self._actions, action_json, self._d.action.fromJson)
 
     def _pred(self, sql: str) -> Any:
-        if self._parser is None:
-            self._parser = jsession(self.spark).sessionState().sqlParser()
-        return _memo(self._parsed, sql, self._parser.parseExpression)
+        return _memo(self._parsed, sql, lambda q: jsession(self.spark).sessionState().sqlParser().parseExpression(q))
 
     def _preds(self, predicates: Sequence[str]) -> Any:
         return _memo(self._seqs, "\n".join(predicates), lambda _k: self._seq([self._pred(p) for p in predicates]))

@@ -102,6 +102,9 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         .config("spark.databricks.delta.snapshotPartitions", "2")
         # no file list in the .crc: outside UTC Delta verifies it at every commit (docs/performance.md)
         .config("spark.databricks.delta.allFilesInCrc.enabled", "false")
+        # no deletion-vector counts in the .crc: while a checksum lacks them Delta derives the next one
+        # from a full state reconstruction (a Spark job) at every commit (docs/performance.md)
+        .config("spark.databricks.delta.checksumDVMetrics.enabled", "false")
         # VACUUM lists the table folder in this many tasks (the default 10,000 is slow)
         .config("spark.sql.sources.parallelPartitionDiscovery.parallelism",
                 str(max(8, settings.shuffle_partitions)))

@@ -172,3 +172,29 @@ def test_writers_interleaved_with_foreign_commits_lose_no_update(spark, migrated
                          sequencers={iv: 1 for iv in writers[w]})
     got = RowStore(spark, migrated_store, writer="reader").read_keys("counter", list(model), num_intervals=N)
     assert {k: J.decode(r.state) for k, r in got.items()} == model
+
+
+def test_a_writers_commits_run_no_spark_job(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    """A batch's commit is file work and one Delta transaction: no Spark job runs for it on the
+    committing thread (Delta reconstructed the read snapshot's state with a job at every commit while
+    its checksums carried deletion-vector counts). The keys end as written."""
+    store = RowStore(spark, migrated_store, writer="w")
+    keys = [f"k{i}" for i in range(24)]
+    ivs = sorted({interval_of(k, N) for k in keys})
+    store.fence("counter", {iv: 1 for iv in ivs})
+    group = f"commits-{uuid.uuid4().hex[:8]}"
+    sc = spark.sparkContext
+    sc.setJobGroup(group, "the commits under test")
+    model: dict[str, int] = {}
+    try:
+        for step in range(12):
+            picked = keys[step * 2 % len(keys):step * 2 % len(keys) + 5]
+            model.update(dict.fromkeys(picked, step))
+            store.commit("counter", [KeyRow(computation="counter", key=k, interval=interval_of(k, N),
+                                            state=J.encode(step)) for k in picked],
+                         sequencers={iv: 1 for iv in ivs})
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert list(sc.statusTracker().getJobIdsForGroup(group)) == []
+    got = RowStore(spark, migrated_store, writer="reader").read_keys("counter", keys, num_intervals=N)
+    assert {k: J.decode(r.state) for k, r in got.items()} == model

@@ -94,6 +94,9 @@ def _setup(args: argparse.Namespace) -> int:
 
         kafka = connectors.ensure_kafka_jars()
         print(f"deltawheel: {len(kafka)} Kafka connector jars ready", file=sys.stderr)
+    from deltawheel.statestore.session.cds import ensure_archive
+
+    ensure_archive()  # the driver JVM's classes, recorded once (statestore/session/cds.py)
     if args.toxiproxy:
         from deltawheel.servers.toxiproxy import ensure_toxiproxy
 

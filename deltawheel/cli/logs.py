@@ -41,12 +41,16 @@ def configure(verbose: bool) -> None:
         return
     for name in ("kazoo", "py4j"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    if "SPARK_CONF_DIR" not in os.environ:
+    if "SPARK_CONF_DIR" not in os.environ and "log4j2.configurationFile" not in os.environ.get("SPARK_SUBMIT_OPTS", ""):
         conf = tempfile.mkdtemp(prefix="deltawheel-sparkconf-")
-        with open(os.path.join(conf, "log4j2.properties"), "w") as f:
+        path = os.path.join(conf, "log4j2.properties")
+        with open(path, "w") as f:
             f.write(_QUIET_LOG4J2)
         atexit.register(functools.partial(shutil.rmtree, conf, ignore_errors=True))
-        os.environ["SPARK_CONF_DIR"] = conf
+        # a system property of the driver JVM, not a SPARK_CONF_DIR: a folder with files on the JVM's
+        # class path would keep it from mapping the class-data archive (statestore/session/cds.py)
+        opts = os.environ.get("SPARK_SUBMIT_OPTS", "")
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{opts} -Dlog4j2.configurationFile=file:{path}".strip()
 
 
 def spark_log_level() -> str:

@@ -135,7 +135,13 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
             "spark.hadoop.javax.jdo.option.ConnectionURL",
             f"jdbc:derby:memory:deltawheel-{os.getpid()};create=true",
         )
-    for k, v in {**_object_store_conf(), **settings.extra}.items():
+    conf = {**_object_store_conf(), **settings.extra}
+    from .cds import driver_java_options
+
+    options = driver_java_options(conf.get("spark.driver.extraJavaOptions"))  # the class-data archive (cds.py)
+    if options is not None:
+        conf["spark.driver.extraJavaOptions"] = options
+    for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(settings.log_level)

@@ -274,7 +274,8 @@ def test_setup_fills_the_one_jars_cache(tmp_path: Path) -> None:
         if not jar.name.startswith("deltawheel-logstore-"):
             shutil.copy(jar, jars / jar.name)
     cli = [str(Path(sys.executable).parent / "deltawheel"), "setup"]
-    env = {**os.environ, "DELTAWHEEL_JARS_DIR": str(jars)}
+    # without the class-data archive's recording (a session of its own: test_class_data_archive.py)
+    env = {**os.environ, "DELTAWHEEL_JARS_DIR": str(jars), "DELTAWHEEL_CDS": "0"}
     first = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
     assert "compiling ExclusiveLocalLogStore.java" in first.stderr

@@ -12,14 +12,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["archive_path", "driver_java_options", "ensure_archive"]
+__all__ = ["RECORD", "archive_path", "driver_java_options", "ensure_archive"]
 
 _ENV = "DELTAWHEEL_CDS"
-_RECORD = "-XX:ArchiveClassesAtExit="
+RECORD = "-XX:ArchiveClassesAtExit="
 _USE = "-XX:SharedArchiveFile="
 
 
@@ -46,7 +45,7 @@ def archive_path(jars_dir: Path | None = None) -> Path | None:
 
 def driver_java_options(current: str | None) -> str | None:
     """``spark.driver.extraJavaOptions`` with the archive mapped, when it exists (else ``current``)."""
-    if not _enabled() or (current and (_RECORD in current or _USE in current)):
+    if not _enabled() or (current and (RECORD in current or _USE in current)):
         return current
     path = archive_path()
     if path is None or not path.is_file():
@@ -66,14 +65,14 @@ def ensure_archive(*, quiet: bool = False, timeout_s: float = 300.0) -> Path | N
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     if not quiet:
-        print("deltawheel: recording the driver JVM's classes for a faster start (once, about 30 s)",
+        print("deltawheel: recording the driver JVM's classes for a faster start (once, about a minute)",
               file=sys.stderr)
     t0 = time.monotonic()
     try:
         # no SPARK_CONF_DIR: a folder with files on the JVM's class path refuses the recording
         env = {k: v for k, v in os.environ.items() if k != "SPARK_CONF_DIR"}
-        done = subprocess.run([sys.executable, "-m", __name__, str(tmp)], capture_output=True, text=True,
-                              timeout=timeout_s, env=env)
+        done = subprocess.run([sys.executable, "-m", f"{__package__}.cds_train", str(tmp)], capture_output=True,
+                              text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         done = None
     if done is None or done.returncode != 0 or not tmp.is_file():
@@ -87,34 +86,3 @@ def ensure_archive(*, quiet: bool = False, timeout_s: float = 300.0) -> Path | N
     if not quiet:
         print(f"deltawheel: class-data archive ready in {time.monotonic() - t0:.0f}s ({path})", file=sys.stderr)
     return path
-
-
-def _train(out: str) -> None:
-    """The training session: a Delta table written, read and committed to, and a streaming query's
-    batch through foreachBatch, so that the archive holds what a deltawheel job's start loads."""
-    from .sparkenv import SparkSettings, build_spark
-
-    spark = build_spark(SparkSettings(master="local[2]", extra={"spark.driver.extraJavaOptions": f"{_RECORD}{out}"}))
-    with tempfile.TemporaryDirectory(prefix="deltawheel-cds-") as d:
-        table, src = os.path.join(d, "t"), os.path.join(d, "in")
-        os.makedirs(src)
-        spark.range(10).selectExpr("id", "cast(id as string) AS s").write.format("delta").save(table)
-        spark.range(10, 20).selectExpr("id", "cast(id as string) AS s").write.format("delta").mode("append").save(table)
-        spark.read.format("delta").load(table).filter("id > 3").count()
-        with open(os.path.join(src, "a.json"), "w") as f:
-            f.write('{"id": 1, "s": "a"}\n')
-
-        def batch(df, _batch_id):  # type: ignore[no-untyped-def]
-            df.write.format("delta").mode("append").save(table)
-
-        q = (spark.readStream.schema("id long, s string").json(src).writeStream.foreachBatch(batch)
-             .option("checkpointLocation", os.path.join(d, "chk")).trigger(availableNow=True).start())
-        q.awaitTermination(120)
-    proc = spark.sparkContext._gateway.proc  # noqa: SLF001  (pyspark keeps the JVM process only there)
-    spark.stop()
-    proc.stdin.close()  # pyspark's gateway exits when its stdin closes
-    proc.wait(240)
-
-
-if __name__ == "__main__":
-    _train(sys.argv[1])

@@ -34,7 +34,7 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
  * committing thread, and it costs the commit a PUT's round trips (two with S3's
  * {@code Expect: 100-continue}). A checksum is optional: Delta reads the newest one there is and
  * replays the log where it is missing, so one lost with its JVM costs nothing. At most 64 wait;
- * past that the committing thread uploads its own.
+ * past that the committing thread uploads its own. Four upload at once.
  *
  * <p>A local folder ({@code file:}) is written with the JDK's own file calls: the bytes to a
  * temporary file beside the target, then a hard link onto the target (a file that exists fails
@@ -62,11 +62,17 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
 
     /** Checksum uploads: one or two threads, 64 waiting at most, then the caller's own thread. */
     private static final ThreadPoolExecutor CHECKSUMS = new ThreadPoolExecutor(
-            1, 2, 30, TimeUnit.SECONDS, new ArrayBlockingQueue<>(64), r -> {
+            4, 4, 30, TimeUnit.SECONDS, new ArrayBlockingQueue<>(64), r -> {
                 Thread t = new Thread(r, "deltawheel-checksum-upload");
                 t.setDaemon(true);
                 return t;
             }, new ThreadPoolExecutor.CallerRunsPolicy());
+
+    static {
+        // four threads that end when idle: one upload hung on an unreachable store (S3A's socket
+        // timeout is minutes) does not hold the checksums of every other table behind it
+        CHECKSUMS.allowCoreThreadTimeOut(true);
+    }
 
     public DirectCheckpointFileManager(Path path, Configuration hadoopConf) {
         super(path, hadoopConf);

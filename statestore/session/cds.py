@@ -38,9 +38,16 @@ def archive_path(jars_dir: Path | None = None) -> Path | None:
         return None
     real = os.path.realpath(java)
     spark_jars = os.path.realpath(os.path.join(os.path.dirname(pyspark.__file__), "jars"))
-    key = f"{real} {os.stat(real).st_mtime_ns} {spark_jars} {pyspark.__version__} {sys.version_info[:2]}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return (Path(jars_dir) if jars_dir is not None else default_jars_dir()) / f"driver-cds-{digest}.jsa"
+    family = hashlib.sha256(f"{real} {spark_jars}".encode()).hexdigest()[:12]
+    # the JVM refuses an archive whose class path's jars changed (a virtual environment made again
+    # at the same path): their sizes and times are part of the name
+    files = hashlib.sha256(f"{os.stat(real).st_mtime_ns} {pyspark.__version__}".encode())
+    with os.scandir(spark_jars) as entries:
+        for e in sorted(entries, key=lambda e: e.name):
+            st = e.stat()
+            files.update(f" {e.name} {st.st_size} {st.st_mtime_ns}".encode())
+    return (Path(jars_dir) if jars_dir is not None else default_jars_dir()) / (
+        f"driver-cds-{family}-{files.hexdigest()[:12]}.jsa")
 
 
 def driver_java_options(current: str | None) -> str | None:
@@ -83,6 +90,9 @@ def ensure_archive(*, quiet: bool = False, timeout_s: float = 300.0) -> Path | N
         tmp.unlink(missing_ok=True)
         return None
     os.replace(tmp, path)
+    for old in path.parent.glob(f"{path.name.rsplit('-', 1)[0]}-*.jsa"):  # this install's stale ones
+        if old != path:
+            old.unlink(missing_ok=True)
     if not quiet:
         print(f"deltawheel: class-data archive ready in {time.monotonic() - t0:.0f}s ({path})", file=sys.stderr)
     return path

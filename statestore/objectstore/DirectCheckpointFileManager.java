@@ -1,7 +1,7 @@
 package io.deltawheel.storage;
 
 import java.io.IOException;
-import java.util.concurrent.ArrayBlockingQueue;
+import java.util.concurrent.SynchronousQueue;
 import java.util.concurrent.ThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
 
@@ -33,8 +33,8 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
  * <p>A checksum file's upload runs in the background: Delta writes it after the commit, on the
  * committing thread, and it costs the commit a PUT's round trips (two with S3's
  * {@code Expect: 100-continue}). A checksum is optional: Delta reads the newest one there is and
- * replays the log where it is missing, so one lost with its JVM costs nothing. At most 64 wait;
- * past that the committing thread uploads its own. Four upload at once.
+ * replays the log where it is missing, so one lost with its JVM costs nothing. At most 16 go up at once,
+ * past that the committing thread uploads its own.
  *
  * <p>A local folder ({@code file:}) is written with the JDK's own file calls: the bytes to a
  * temporary file beside the target, then a hard link onto the target (a file that exists fails
@@ -60,19 +60,15 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
         return parent != null && "_delta_log".equals(parent.getName()) && path.getName().matches("\\d{20}\\.crc");
     }
 
-    /** Checksum uploads: one or two threads, 64 waiting at most, then the caller's own thread. */
+    /** Checksum uploads: a thread each, at most 16, then the caller's own thread. */
+    // a thread per upload, up to 16, none waiting in a queue: an upload hung on an unreachable store
+    // (S3A's socket timeout is minutes) holds no other checksum behind it; past 16 the caller uploads
     private static final ThreadPoolExecutor CHECKSUMS = new ThreadPoolExecutor(
-            4, 4, 30, TimeUnit.SECONDS, new ArrayBlockingQueue<>(64), r -> {
+            0, 16, 30, TimeUnit.SECONDS, new SynchronousQueue<>(), r -> {
                 Thread t = new Thread(r, "deltawheel-checksum-upload");
                 t.setDaemon(true);
                 return t;
             }, new ThreadPoolExecutor.CallerRunsPolicy());
-
-    static {
-        // four threads that end when idle: one upload hung on an unreachable store (S3A's socket
-        // timeout is minutes) does not hold the checksums of every other table behind it
-        CHECKSUMS.allowCoreThreadTimeOut(true);
-    }
 
     public DirectCheckpointFileManager(Path path, Configuration hadoopConf) {
         super(path, hadoopConf);

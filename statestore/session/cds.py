@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -32,11 +31,13 @@ def archive_path(jars_dir: Path | None = None) -> Path | None:
 
     from ..jars import default_jars_dir
 
-    java = shutil.which("java", path=os.path.join(os.environ["JAVA_HOME"], "bin")) if os.environ.get(
-        "JAVA_HOME") else shutil.which("java")
-    if java is None:
+    from ..exceptions import JavaMissingError
+    from ..process import find_java
+
+    try:
+        real = os.path.realpath(find_java(JavaMissingError))  # the java Spark starts
+    except JavaMissingError:
         return None
-    real = os.path.realpath(java)
     spark_jars = os.path.realpath(os.path.join(os.path.dirname(pyspark.__file__), "jars"))
     family = hashlib.sha256(f"{real} {spark_jars}".encode()).hexdigest()[:12]
     # the JVM refuses an archive whose class path's jars changed (a virtual environment made again

@@ -29,9 +29,8 @@ def archive_path(jars_dir: Path | None = None) -> Path | None:
     """Where this JDK's and pyspark's archive is (None: no ``java`` found)."""
     import pyspark
 
-    from ..jars import default_jars_dir
-
     from ..exceptions import JavaMissingError
+    from ..jars import default_jars_dir
     from ..process import find_java
 
     try:

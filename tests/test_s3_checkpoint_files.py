@@ -27,6 +27,17 @@ def _stat(fs, name: str) -> int:  # type: ignore[no-untyped-def]
     return int(v) if v is not None else 0
 
 
+def _stacks(j, names: tuple[str, ...]) -> str:  # type: ignore[no-untyped-def]
+    """The JVM's threads whose names hold one of ``names``, with their stacks."""
+    out = []
+    for entry in j.java.lang.Thread.getAllStackTraces().entrySet().toArray():
+        name = str(entry.getKey().getName())
+        if any(n in name.lower() for n in names):
+            frames = "\n    ".join(str(f) for f in entry.getValue())
+            out.append(f"{name} ({entry.getKey().getState()})\n    {frames}")
+    return "\n".join(out)
+
+
 def _manager(spark, uri: str):  # type: ignore[no-untyped-def]
     """The session's checkpoint file manager for ``uri``, as Spark makes it."""
     j = jvm(spark)
@@ -110,10 +121,13 @@ def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket) -> No
         while _stat(fs, counts[2]) == before[2] and time.monotonic() < deadline:  # a checksum's upload
             time.sleep(0.02)
         after = [_stat(fs, c) for c in counts]
+        if after[2] == before[2]:  # what the upload waits on, for the failure's report
+            uploads.append(_stacks(j, ("checksum", "s3a", "aws", "sdk")))
         return after[0] - before[0], after[1] - before[1], after[2] - before[2]
 
+    uploads: list[str] = []
     heads, lists, puts = write(f"t/_delta_log/{3:020d}.crc", b'{"tableSizeBytes": 1}')
-    assert (heads, lists, puts) == (0, 0, 1)
+    assert (heads, lists, puts) == (0, 0, 1), "\n".join(uploads)
     threads = j.java.lang.Thread.getAllStackTraces().keySet().toArray()
     assert "deltawheel-checksum-upload" in {str(t.getName()) for t in threads}  # not the committing thread
     assert write(f"t/_delta_log/{3:020d}.crc", b'{"tableSizeBytes": 1}') == (0, 0, 1)  # rewritten, not refused

@@ -28,6 +28,15 @@ class Counts(Computation):
     num_intervals = 4
 
 
+class _NoSpark(Sharing):
+    """Sharing without a session: standing by (warming Delta's commit path) is only recorded."""
+
+    stood_by: list[str]
+
+    def _stand_by(self, comp: Any) -> None:
+        self.stood_by = [*getattr(self, "stood_by", []), comp.name]
+
+
 def test_a_starting_instance_reads_its_share_again_after_its_zookeeper_connection_drops(
         zk_server: Any, zk_config: Any, tmp_path: Path) -> None:
     from deltawheel.servers.toxiproxy import ToxiproxyServer
@@ -42,8 +51,8 @@ def test_a_starting_instance_reads_its_share_again_after_its_zookeeper_connectio
         said: list[str] = []
         try:
             wiring = Wiring(client=client, leases=None, authority=None, store=None)  # type: ignore[arg-type]
-            share = Sharing(None, None, SimpleNamespace(name="p"), wiring=wiring,  # type: ignore[arg-type]
-                            instance="a", progress=said.append, write_path="auto")
+            share = _NoSpark(None, None, SimpleNamespace(name="p"), wiring=wiring,  # type: ignore[arg-type]
+                             instance="a", progress=said.append, write_path="auto")
             # not a member: once it reads the target it starts nothing (no Spark needed)
             tox.set_latency("zk", 5_000)  # its reads are on the wire when the connection drops
             outcome: dict[str, Any] = {}
@@ -66,6 +75,7 @@ def test_a_starting_instance_reads_its_share_again_after_its_zookeeper_connectio
             assert outcome["ex"] is None
             assert any("ZooKeeper does not answer; looking again" in s for s in said), said
             assert said[-1] == "counts: instance a holds no interval now"
+            assert share.stood_by == ["counts"]
         finally:
             client.stop()
             client.close()

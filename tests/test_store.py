@@ -186,6 +186,49 @@ def test_lease_check_runs_before_the_merge(spark, migrated_store) -> None:  # ty
     assert version(spark, migrated_store) == before
 
 
+def test_a_claim_lands_through_an_old_owners_commit_and_that_commit_then_fails(  # type: ignore[no-untyped-def]
+        spark, migrated_store) -> None:
+    """The takeover's claim against an old owner that commits back to back (docs/fencing.md).
+
+    An old owner's commit landing while the claim's transaction is open does not make the claim
+    fail (it would lose every race to a writer that commits faster than the claim lists the log),
+    and an old owner's commit open while the claim lands fails (the claim is a blind append, which
+    conflicts with a reader of its partition at Delta's isolation level, Serializable)."""
+    import pyarrow as pa
+    from deltawheel.statestore.delta.storefs import files_for
+    from deltawheel.statestore.delta.txn import TableLog, new_add, partition_file_name, write_file
+    from deltawheel.statestore.rowtable.frames import arrow_schema
+    from deltawheel.statestore.rowtable.rows import rows_file_ddl
+
+    old, new = RowStore(spark, migrated_store, writer="old"), RowStore(spark, migrated_store, writer="new")
+    old.fence("counter", {0: 1})
+    key = next(f"k{i}" for i in range(100) if interval_of(f"k{i}", N) == 0)
+    old.commit("counter", [row(key, 1)], sequencers={0: 1}, num_intervals=N)
+    path = migrated_store.rows_of("counter")
+    log = TableLog(spark, path)
+    landed = version(spark, migrated_store)
+    # the claim's transaction is open (its snapshot taken) while the old owner commits
+    rel = partition_file_name("counter", 0, "claim")
+    fence_row = KeyRow(computation="counter", key=FENCE_KEY, interval=0, sequencer=2, commit_id="new:claim").to_row()
+    files = files_for(path)
+    assert files is not None
+    size = write_file(pa.Table.from_pylist([fence_row], schema=arrow_schema(rows_file_ddl())), files, rel)
+    add = new_add(rel, {"computation": "counter", "interval": "0"}, size, 1)
+    claimed = log.commit(add=[add],
+                         check=lambda: old.commit("counter", [row(key, 2)], sequencers={0: 1}, num_intervals=N))
+    assert claimed == landed + 2  # the old owner's commit, then the claim on top of it
+    # the other way round: the old owner's transaction (its partition read) is open while a claim lands
+    with pytest.raises(Exception) as lost:
+        log.commit(add=[new_add(partition_file_name("counter", 0, "late"), {"computation": "counter", "interval": "0"},
+                                size, 1)],
+                   read_partitions=["computation = 'counter' AND interval = 0"],
+                   check=lambda: new.fence("counter", {0: 3}, claim_only=True))
+    assert "DELTA_CONCURRENT_APPEND" in str(lost.value), str(lost.value)[:300]
+    with pytest.raises(StaleSequencerError):  # and its next attempt meets the claim's fence row
+        old.commit("counter", [row(key, 3)], sequencers={0: 1}, num_intervals=N)
+    assert new.stats.conflicts == 0
+
+
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("where,rounds", [
     ("local", 3), pytest.param("local", 12, marks=pytest.mark.slow),
@@ -241,6 +284,7 @@ def test_zombie_racing_the_takeover_never_lands_after_it(spark, where: str, roun
         t.start()
         time.sleep(0.5 + 0.4 * (rnd % 3))
         new.fence(computation, {iv: new_seq})
+        assert new.stats.conflicts == 0  # the claim lands through the old owner's commits, then nothing lands
         t.join(timeout=300)
         stop.set()
         assert not t.is_alive()

@@ -234,8 +234,9 @@ class RowStore:
         log = TableLog(self._spark, self.path(computation))
         for attempt in itertools.count(1):
             try:
-                log.commit(add=adds, user_metadata=meta, read_partitions=[
-                    f"computation = '{computation}' AND interval = {iv}" for iv in sorted(sequencers)])
+                # no read recorded: a blind append conflicts with no concurrent commit, and a commit
+                # that read the partition conflicts with it (Delta's only isolation level, Serializable)
+                log.commit(add=adds, user_metadata=meta)
                 return
             except Exception as exc:
                 err = translate_commit_error(exc, sequencers=sequencers)

@@ -68,6 +68,33 @@ def test_only_local_and_s3a_stores_are_reached() -> None:
     assert (other.endpoint, other.scheme, other.path_style) == ("s3.example.com", "https", False)
 
 
+def test_a_buckets_settings_are_read_once_and_again_after_they_change(spark) -> None:  # type: ignore[no-untyped-def]
+    """A bucket's S3 settings come from the session's Hadoop configuration, read at its first use
+    (not at every commit); a bucket configured again is read again, another bucket keeps its own."""
+    from deltawheel.statestore.delta.jvm import jsession
+    from deltawheel.statestore.objectstore.client import S3Endpoint
+    from deltawheel.statestore.objectstore.s3a import configure_bucket, s3a_settings, set_hadoop
+
+    a, b = f"cfg-{uuid.uuid4().hex[:8]}", f"cfg-{uuid.uuid4().hex[:8]}"
+    configure_bucket(spark, S3Endpoint("http://127.0.0.1:9101", "ka", "sa"), a)
+    configure_bucket(spark, S3Endpoint("http://127.0.0.1:9102", "kb", "sb"), b)
+    first = table_files(spark, f"s3a://{a}/store")
+    assert first is not None and first.s3 is not None
+    assert (first.s3.endpoint, first.s3.access_key, first.root) == ("127.0.0.1:9101", "ka", f"{a}/store")
+    conf = jsession(spark).sessionState().conf()
+    conf.setConfString(f"fs.s3a.bucket.{a}.access.key", "set-behind-its-back")  # not through set_hadoop
+    again = table_files(spark, f"s3a://{a}/rows")
+    assert again is not None and again.s3 is first.s3  # the settings read before, not the Hadoop keys again
+    configure_bucket(spark, S3Endpoint("https://127.0.0.1:9103", "ka2", "sa2"), a)
+    moved = table_files(spark, f"s3a://{a}/store")
+    assert moved is not None and moved.s3 is not None
+    assert (moved.s3.endpoint, moved.s3.scheme, moved.s3.access_key) == ("127.0.0.1:9103", "https", "ka2")
+    other = table_files(spark, f"s3a://{b}/store")
+    assert other is not None and other.s3 is not None and other.s3.access_key == "kb"
+    ep = S3Endpoint("http://127.0.0.1:9", "k", "s")
+    set_hadoop(spark, {k: None for x in (a, b) for k in s3a_settings(ep, x)})  # the session as it was
+
+
 @pytest.mark.objectstore
 def test_an_s3_file_goes_up_in_one_put_and_a_failed_upload_still_raises(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
     """Files smaller than one part are written with one PUT when the stream closes (no multipart

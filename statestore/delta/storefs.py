@@ -293,30 +293,32 @@ def files_for(uri: str, s3: S3Settings | None = None) -> TableFiles | None:
 
 
 def table_files(spark: Any, uri: str) -> TableFiles | None:
-    """:func:`files_for` with the S3 settings of ``spark``'s Hadoop configuration."""
+    """:func:`files_for` with the S3 settings of ``spark``'s Hadoop configuration.
+
+    A bucket's settings are read once per JVM (a dozen py4j round trips, each commit made a
+    ``TableLog`` and read them again), as S3A itself keeps one file system per bucket and JVM
+    with the settings it first saw; :func:`forget_s3_settings` after changing them."""
     if not uri.startswith("s3a://"):
         return files_for(uri)
-    from .jvm import jsession
+    from .jvm import jsession, jvm, per_owner
 
-    conf = jsession(spark).sessionState().newHadoopConf()
-    return files_for(uri, S3Settings.from_hadoop(lambda key: None if (v := conf.get(key)) is None else str(v),
-                                                 urlsplit(uri).netloc))
+    bucket = urlsplit(uri).netloc
+    known: dict[str, S3Settings] = per_owner("s3-settings", jvm(spark), dict)
+    s3 = known.get(bucket)
+    if s3 is None:
+        conf = jsession(spark).sessionState().newHadoopConf()
+        s3 = known[bucket] = S3Settings.from_hadoop(lambda key: None if (v := conf.get(key)) is None else str(v),
+                                                    bucket)
+    return files_for(uri, s3)
+
+
+def forget_s3_settings(spark: Any) -> None:
+    """Read every bucket's S3 settings again at its next use (they were changed in ``spark``)."""
+    from .jvm import jvm, per_owner
+
+    per_owner("s3-settings", jvm(spark), dict).clear()
 
 
 def files_resolver(spark: Any) -> Callable[[str], TableFiles | None]:
-    """:func:`table_files` of ``spark``, the S3 settings read once per bucket (driver only)."""
-    settings: dict[str, S3Settings | None] = {}
-    lock = threading.Lock()
-
-    def resolve(uri: str) -> TableFiles | None:
-        if not uri.startswith("s3a://"):
-            return files_for(uri)
-        bucket = urlsplit(uri).netloc
-        with lock:
-            if bucket not in settings:
-                got = table_files(spark, uri)
-                settings[bucket] = None if got is None else got.s3
-            s3 = settings[bucket]
-        return files_for(uri, s3)
-
-    return resolve
+    """:func:`table_files` of ``spark``."""
+    return functools.partial(table_files, spark)

@@ -111,6 +111,9 @@ def s3a_settings(endpoint: S3Endpoint, bucket: str | None = None) -> dict[str, s
         "aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
         "attempts.maximum": "2", "retry.limit": "2", "retry.interval": "200ms",
         "connection.establish.timeout": "5s",
+        # a PUT sends its body at once instead of waiting a round trip for "100 Continue" (the log
+        # store's N.json, checksums, checkpoint files: small files, where the wait is the cost)
+        "connection.expect.continue": "false",
     }
     return {prefix + k: v for k, v in values.items()}
 
@@ -128,6 +131,7 @@ def configure_bucket(spark: Any, endpoint: S3Endpoint, bucket: str) -> None:
 def set_hadoop(spark: Any, values: Mapping[str, str | None]) -> None:
     """Set each key on a running session and its Hadoop configuration (None: unset it)."""
     from ..delta.jvm import jcontext
+    from ..delta.storefs import forget_s3_settings
 
     conf = jcontext(spark).hadoopConfiguration()
     for k, v in values.items():
@@ -137,6 +141,7 @@ def set_hadoop(spark: Any, values: Mapping[str, str | None]) -> None:
         else:
             spark.conf.set(k, v)
             conf.set(k, v)
+    forget_s3_settings(spark)
 
 
 def endpoint_from_env(env: Mapping[str, str] | None = None) -> S3Endpoint | None:

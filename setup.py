@@ -27,7 +27,7 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ("statestore/session/ExclusiveLocalLogStore.java", "statestore/objectstore/ZkS3LogStore.java",
-           "statestore/objectstore/DirectCheckpointFileManager.java")
+           "statestore/objectstore/DirectCheckpointFileManager.java", "statestore/delta/TxnCommit.java")
 
 
 def _delta_version() -> str:
@@ -37,14 +37,14 @@ def _delta_version() -> str:
     return m.group(1)
 
 
-def _delta_storage(version: str) -> Path:
-    name = f"delta-storage-{version}.jar"
+def _delta_jar(artifact: str, version: str) -> Path:
+    name = f"{artifact}-{version}.jar"
     cache = Path(os.environ.get("DELTAWHEEL_JARS_DIR") or Path.home() / ".cache" / "deltawheel" / "jars")
     if (cache / name).exists():
         return cache / name
     dest = Path(tempfile.mkdtemp()) / name
     repo = os.environ.get("DELTAWHEEL_MAVEN_REPO", "https://repo1.maven.org/maven2")
-    with urllib.request.urlopen(f"{repo}/io/delta/delta-storage/{version}/{name}", timeout=120) as resp:
+    with urllib.request.urlopen(f"{repo}/io/delta/{artifact}/{version}/{name}", timeout=120) as resp:
         dest.write_bytes(resp.read())
     return dest
 
@@ -61,7 +61,11 @@ def build_jars(out: Path) -> list[Path]:
     if javac is None:
         raise SystemExit("setup.py: building deltawheel's wheel needs javac (a JDK 17+) for its log store jars")
     delta = _delta_version()
-    cp = os.pathsep.join([str(_delta_storage(delta)), str(Path(pyspark.__file__).parent / "jars" / "*")])
+    spark_artifact = re.search(r'"(delta-spark_[^"]+)"', (HERE / "statestore" / "jars.py").read_text())
+    if spark_artifact is None:
+        raise SystemExit("setup.py: the delta-spark artifact not found in statestore/jars.py")
+    cp = os.pathsep.join([str(_delta_jar("delta-storage", delta)), str(_delta_jar(spark_artifact.group(1), delta)),
+                          str(Path(pyspark.__file__).parent / "jars" / "*")])
     out.mkdir(parents=True, exist_ok=True)
     built = []
     for rel in SOURCES:

@@ -134,8 +134,8 @@ def compile_jar(source: Path, jars_dir: Path | None = None, *, quiet: bool = Fal
         print("deltawheel: WARNING: no javac, so Delta's own log store is used for local tables "
               "(its put-if-absent of commit files holds within one JVM only)", file=sys.stderr)
         return None
-    storage = next(p for p in ensure_delta_jars(jars_dir, quiet=quiet) if p.name.startswith("delta-storage-"))
-    cp = os.pathsep.join([str(storage), str(Path(pyspark.__file__).parent / "jars" / "*")])
+    delta = [p for p in ensure_delta_jars(jars_dir, quiet=quiet) if p.name.startswith(("delta-storage-", "delta-spark_"))]
+    cp = os.pathsep.join([*(str(p) for p in delta), str(Path(pyspark.__file__).parent / "jars" / "*")])
     if not quiet:
         print(f"deltawheel: compiling {source.name}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as out:

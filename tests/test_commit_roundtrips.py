@@ -198,3 +198,53 @@ def test_a_writers_commits_run_no_spark_job(spark, migrated_store) -> None:  # t
     assert list(sc.statusTracker().getJobIdsForGroup(group)) == []
     got = RowStore(spark, migrated_store, writer="reader").read_keys("counter", keys, num_intervals=N)
     assert {k: J.decode(r.state) for k, r in got.items()} == model
+
+
+@pytest.mark.parametrize("seed", [7])
+def test_a_commit_ends_in_one_py4j_call_and_lands_what_the_py4j_path_lands(spark, migrated_store, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """The session built by deltawheel ends each commit in the JVM (``TxnCommit.java``: reads
+    recorded, removes, adds and the commit in one call). The same random commits, ended call by
+    call through py4j in another table, leave the same keys and the same log, in far fewer calls."""
+    import threading
+
+    import py4j.clientserver as cs
+
+    d = delta_classes(jvm(spark))
+    assert d.txn_commit is not None  # its jar is in the session deltawheel builds
+    calls: dict[str, int] = {}
+    send = cs.ClientServerConnection.send_command
+
+    def counted(conn, command):  # type: ignore[no-untyped-def]
+        name = threading.current_thread().name
+        calls[name] = calls.get(name, 0) + 1
+        return send(conn, command)
+
+    rnd = random.Random(seed)
+    keys = [f"k{i}" for i in range(30)]
+    steps = [rnd.sample(keys, rnd.randint(1, 6)) for _ in range(10)]
+    ends: dict[str, tuple[dict[str, int], list[tuple[int, int]], int]] = {}
+    helper = d.txn_commit
+    for comp, in_jvm in (("viajvm", True), ("viapy4j", False)):
+        store = RowStore(spark, migrated_store, writer=comp)
+        store.fence(comp, {iv: 1 for iv in range(N)})
+        d.txn_commit = helper if in_jvm else None
+        cs.ClientServerConnection.send_command = counted
+        calls.clear()
+        try:
+            for step, picked in enumerate(steps):
+                store.commit(comp, [KeyRow(computation=comp, key=k, interval=interval_of(k, N), state=J.encode(step))
+                                    for k in picked], sequencers={iv: 1 for iv in range(N)})
+        finally:
+            cs.ClientServerConnection.send_command = send
+            d.txn_commit = helper
+        made = calls.get(threading.current_thread().name, 0)
+        got = RowStore(spark, migrated_store, writer="reader").read_keys(comp, keys, num_intervals=N)
+        folder = Path(migrated_store.rows_of(comp).removeprefix("file:")) / "_delta_log"
+        actions = [[json.loads(line) for line in f.read_text().splitlines()] for f in sorted(folder.glob("*.json"))]
+        log = [(sum("add" in a for a in acts), sum("remove" in a for a in acts), sum("txn" in a for a in acts))
+               for acts in actions]
+        ends[comp] = ({k: J.decode(r.state) for k, r in got.items()}, log, made)
+    (jvm_rows, jvm_log, jvm_calls), (py_rows, py_log, py_calls) = ends["viajvm"], ends["viapy4j"]
+    assert jvm_rows == py_rows and set(jvm_rows) == set().union(*steps)
+    assert jvm_log == py_log and sum(removes > 0 for _adds, removes, _txns in jvm_log) >= len(steps) - 1
+    assert jvm_calls < py_calls - 5 * len(steps), (jvm_calls, py_calls)

@@ -17,6 +17,7 @@ from deltawheel.statestore.objectstore.client import S3Endpoint
 from deltawheel.statestore.session.sparkenv import (
     CHECKPOINT_FILE_MANAGER,
     LOG_STORE_CLASS,
+    ensure_commit_jar,
     ensure_log_store_jar,
 )
 
@@ -76,6 +77,9 @@ def submit_args(*, object_store: bool = False, archive: str | None = None, deplo
     if local is not None:
         jars.append(local)
         conf["spark.delta.logStore.file.impl"] = LOG_STORE_CLASS
+    commits = ensure_commit_jar(quiet=True)
+    if commits is not None:
+        jars.append(commits)
     if object_store:
         from deltawheel.statestore.objectstore import logstore, s3a
 

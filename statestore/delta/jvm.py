@@ -66,6 +66,9 @@ def per_owner(kind: str, owner: Any, make: Callable[[], _T]) -> _T:
         return got[1]
 
 
+_TXN_COMMIT = "io.deltawheel.delta.TxnCommit"
+
+
 class DeltaClasses:
     """The JVM classes deltawheel calls Delta through (each step of resolving one is a py4j round trip)."""
 
@@ -85,6 +88,12 @@ class DeltaClasses:
         self.none = jvm.scala.Option.empty()
         self.some = jvm.scala.Some
         self.delta_log = jvm.org.apache.spark.sql.delta.DeltaLog
+        # a commit's actions in one call (TxnCommit.java); None: its jar is not in the session
+        try:
+            utils.classForName(_TXN_COMMIT, True, False)
+            self.txn_commit: Any = jvm.io.deltawheel.delta.TxnCommit
+        except Exception:  # py4j's error: the class is missing
+            self.txn_commit = None
 
 
 def delta_classes(jvm: Any) -> DeltaClasses:

@@ -232,20 +232,27 @@ class TableLog:
             v = self._touched(txn, *untouched_since, upto=at)
             if v is not None:
                 raise StaleFilesError(f"commit {v} of {self.path} changed partitions this writer holds images of")
+        now = int(time.time() * 1000)
+        app_actions = [json.dumps({"txn": {"appId": app, "version": int(ver), "lastUpdated": now}})
+                       for app, ver in (app_versions or {}).items()]
+        operation = self._operation(bool(remove), read_partitions, user_metadata)
+        helper = self._d.txn_commit
+        if helper is not None:  # one py4j call for what follows (TxnCommit.java)
+            version = int(helper.commit(txn, self._preds(read_partitions) if read_partitions else None,
+                                        "\n".join(f.action_json for f in remove), "\n".join([*add, *app_actions]),
+                                        operation, now))
+            note_commit(self.spark, self.path, version)
+            return version
         if read_partitions:
             # (partitionOnly, shouldRewriteFilter): unrewritten, the conflict check raises AnalysisException
             txn.trackReadPredicates(self._preds(read_partitions), True, True)
-        now = int(time.time() * 1000)
         actions = []
         if remove:
             old = [self._from_json(f.action_json) for f in remove]
             txn.trackFilesRead(self._seq(old))
             actions += [a.removeWithTimestamp(now, True) for a in old]
-        actions += [self._from_json(a) for a in add]
-        for app, ver in (app_versions or {}).items():
-            actions.append(self._d.action.fromJson(json.dumps(
-                {"txn": {"appId": app, "version": int(ver), "lastUpdated": now}})))
-        version = int(txn.commit(self._seq(actions), self._operation(bool(remove), read_partitions, user_metadata)))
+        actions += [self._from_json(a) for a in [*add, *app_actions]]
+        version = int(txn.commit(self._seq(actions), operation))
         note_commit(self.spark, self.path, version)
         return version
 

@@ -111,9 +111,6 @@ def s3a_settings(endpoint: S3Endpoint, bucket: str | None = None) -> dict[str, s
         "aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
         "attempts.maximum": "2", "retry.limit": "2", "retry.interval": "200ms",
         "connection.establish.timeout": "5s",
-        # a PUT sends its body at once instead of waiting a round trip for "100 Continue" (the log
-        # store's N.json, checksums, checkpoint files: small files, where the wait is the cost)
-        "connection.expect.continue": "false",
     }
     return {prefix + k: v for k, v in values.items()}
 

@@ -16,16 +16,22 @@ from ..exceptions import JarFetchError, JavaMissingError, SessionConfigError, Sp
 from ..jars import compile_jar, ensure_delta_jars
 from ..process import find_java
 
-__all__ = ["LOG_STORE_CLASS", "SparkSettings", "ensure_log_store_jar", "build_spark",
+__all__ = ["LOG_STORE_CLASS", "SparkSettings", "ensure_log_store_jar", "ensure_commit_jar", "build_spark",
            "check_session", "missing_settings", "session_settings", "setup_jars"]
 
 LOG_STORE_CLASS = "io.deltawheel.storage.ExclusiveLocalLogStore"
 _LOG_STORE_SOURCE = Path(__file__).parent / "ExclusiveLocalLogStore.java"
+_COMMIT_SOURCE = Path(__file__).parent.parent / "delta" / "TxnCommit.java"
 
 
 def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
     """The jar of deltawheel's local Delta log store (exclusive across processes); None without javac."""
     return compile_jar(_LOG_STORE_SOURCE, jars_dir, quiet=quiet)
+
+
+def ensure_commit_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
+    """The jar of ``TxnCommit`` (a commit's actions in one py4j call, ``delta/txn.py``); None without javac."""
+    return compile_jar(_COMMIT_SOURCE, jars_dir, quiet=quiet)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +89,8 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     manager = None if s3_jars or store_jar is None else _checkpoint_manager_jar()
     if manager is not None:  # local checkpoint files without Hadoop's forked chmod (docs/performance.md)
         jars.append(manager)
+    if store_jar is not None and (commits := ensure_commit_jar(jars_dir, quiet=True)) is not None:
+        jars.append(commits)  # a commit in one py4j call (statestore/delta/TxnCommit.java)
     if settings.kafka is not False:  # Spark's Kafka connector (docs/sources.md)
         from .connectors import ensure_kafka_jars, kafka_jars_present
 
@@ -152,7 +160,7 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
 def setup_jars(*, object_store: bool = False, quiet: bool = False) -> list[Path]:
     """Fetch and build every jar (``object_store``: its jars too) into the cache now; returns them.
     Raises JarFetchError: a jar could not be fetched or compiled."""
-    jars = [*ensure_delta_jars(quiet=quiet), ensure_log_store_jar(quiet=quiet)]
+    jars = [*ensure_delta_jars(quiet=quiet), ensure_log_store_jar(quiet=quiet), ensure_commit_jar(quiet=quiet)]
     if object_store:
         from ..objectstore import s3a
         from ..objectstore.logstore import ensure_zk_log_store_jar

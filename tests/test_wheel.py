@@ -218,7 +218,7 @@ def test_wheel_carries_the_log_store_jars(wheel: Path) -> None:
         one = zipfile.ZipFile(io.BytesIO(z.read(inside[0])))
     # the names compile_jar looks for: the same digests as the jars it compiles itself
     sources = ("statestore/session/ExclusiveLocalLogStore.java", "statestore/objectstore/ZkS3LogStore.java",
-               "statestore/objectstore/DirectCheckpointFileManager.java")
+               "statestore/objectstore/DirectCheckpointFileManager.java", "statestore/delta/TxnCommit.java")
     want = set()
     for s in sources:
         jar = compile_jar(REPO / s)

@@ -251,7 +251,7 @@ class TableLog:
             old = [self._from_json(f.action_json) for f in remove]
             txn.trackFilesRead(self._seq(old))
             actions += [a.removeWithTimestamp(now, True) for a in old]
-        actions += [self._from_json(a) for a in [*add, *app_actions]]
+        actions += [self._from_json(a) for a in add] + [self._d.action.fromJson(a) for a in app_actions]
         version = int(txn.commit(self._seq(actions), operation))
         note_commit(self.spark, self.path, version)
         return version

@@ -278,8 +278,8 @@ def test_setup_fills_the_one_jars_cache(tmp_path: Path) -> None:
     env = {**os.environ, "DELTAWHEEL_JARS_DIR": str(jars), "DELTAWHEEL_CDS": "0"}
     first = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
-    assert "compiling ExclusiveLocalLogStore.java" in first.stderr
+    assert "compiling ExclusiveLocalLogStore.java" in first.stderr and "compiling TxnCommit.java" in first.stderr
     assert f"jars ready (Delta Lake and the log stores in {jars})" in first.stderr
-    assert len(list(jars.glob("deltawheel-logstore-*.jar"))) == 1
+    assert len(list(jars.glob("deltawheel-logstore-*.jar"))) == 2  # the local log store, the commit helper
     again = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "fetching" not in again.stderr and "compiling" not in again.stderr

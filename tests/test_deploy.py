@@ -30,7 +30,7 @@ def test_submit_args_name_the_jars_settings_and_archive() -> None:
     names = [Path(j).name for j in jars]
     assert all(Path(j).exists() for j in jars)
     assert "delta-spark_4.2_2.13-4.4.0.jar" in names and "hadoop-aws-3.5.0.jar" in names
-    assert sum(n.startswith("deltawheel-logstore-") for n in names) == 3  # local, s3a, checkpoint manager
+    assert sum(n.startswith("deltawheel-logstore-") for n in names) == 4  # local, commit helper, s3a, checkpoint manager
     assert opts["--archives"] == "env.tar.gz#environment"
     conf = dict(w.split("=", 1) for w in words[words.index("--conf") + 1::2] if "=" in w)
     assert conf["spark.pyspark.python"] == "./environment/bin/python"

@@ -82,7 +82,8 @@ def add_latency_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=60.0, help="seconds of input (default 60)")
     p.add_argument("--engines", default="deltawheel,spark_tws,spark_sql,floor",
                    help="comma-separated, run one after another in this order (default: all four; also "
-                        "deltawheel_jvm: deltawheel with KafkaInjector(direct_read=False))")
+                        "deltawheel_jvm: deltawheel with KafkaInjector(direct_read=False); deltawheel_fused: "
+                        "every later stage fused to the one before it)")
     p.add_argument("--stages", type=int, default=1, choices=[1, 3],
                    help="pipeline stages: 1, or 3 (the running count, then two pass-through stages)")
     p.add_argument("--source", default="files", choices=["files", "kafka"],

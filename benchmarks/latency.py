@@ -59,6 +59,8 @@ ENGINES: dict[str, Callable[[LatencySettings], LatencyEngine]] = {
     "deltawheel": lambda st: DeltaWheelLatencyEngine(zk=st.zk),
     # the same with Spark's Kafka source on the record path (KafkaInjector(direct_read=False)); from files: the same
     "deltawheel_jvm": lambda st: DeltaWheelLatencyEngine(zk=st.zk, kafka_direct=False, name="deltawheel_jvm"),
+    # every later stage run in the micro-batch of the stage before it (Pipeline.fused); one stage: as deltawheel
+    "deltawheel_fused": lambda st: DeltaWheelLatencyEngine(zk=st.zk, fused=True, name="deltawheel_fused"),
     "spark_tws": lambda _st: SparkEngine(name="spark_tws", query=spark_tws_query),
     "spark_sql": lambda _st: SparkEngine(name="spark_sql", query=spark_sql_query, kind="key_counts",
                                          ddl=SQL_OUTPUT_DDL),
@@ -144,6 +146,14 @@ def _progress_line(name: str, elapsed: float, schedule: Schedule, log_renamed: n
         if p["n"]:
             line += f"; last {window_s:.0f} s: p50 {p['p50']:.2f} s, max {p['max']:.2f} s"
     return line
+
+
+def _stage_batches(batches: dict[str, Any], progress: list[Any], details: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """A stage's batches: its query's, or for a stage without a query (fused) its executor's reports."""
+    if progress or not details:
+        return batches
+    walls = np.array([d["wall_s"] for d in details.values() if "wall_s" in d], float)
+    return {"count": len(details), "duration_s": percentiles(walls)}
 
 
 def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: Say) -> dict[str, Any]:
@@ -250,6 +260,7 @@ def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: 
         extras = engine_extras(schedule, log, t0=t0, warmup_s=st.warmup_s, commit=commit, batch=batch,
                                progress=run.progress(o.stage), details=details, versions=tail.versions,
                                seen=seen[i] if seen else None)
+        summary["batches"] = _stage_batches(summary["batches"], run.progress(o.stage), details)
         stage: dict[str, Any] = {"stage": o.stage, "output": o.name, "kind": o.kind, "table": str(o.table),
                                  "versions": len(tail.versions), "rows": tail.row_count, **summary, **extras}
         if commits:

@@ -108,7 +108,7 @@ class _DeltaWheelRun(SparkRun):
                  check: Callable[[], None] | None = None) -> None:
         super().__init__(queries, outputs, settings)
         self.engine, self.executor, self.check = engine, executor, check
-        self._reports: list[dict[int, dict[str, Any]]] = [{} for _ in queries]
+        self._reports: list[dict[int, dict[str, Any]]] = [{} for _ in outputs]
 
     def batch_details(self, stage: int) -> dict[int, dict[str, Any]]:
         """The stage's executor's batch reports by batch id."""
@@ -126,7 +126,7 @@ class _DeltaWheelRun(SparkRun):
     def stop(self) -> None:
         """Stop gracefully (every stage's batch in flight ends, deliveries land, leases go back)."""
         self.poll()
-        for stage in range(1, len(self.queries) + 1):
+        for stage in range(1, len(self.outputs) + 1):
             self.batch_details(stage)
         self.engine.close()
 
@@ -160,10 +160,12 @@ class DeltaWheelLatencyEngine:
     name = "deltawheel"
     stages: tuple[int, ...] = (1, 3)
 
-    def __init__(self, *, zk: str | None = None, kafka_direct: bool = True, name: str = "deltawheel") -> None:
+    def __init__(self, *, zk: str | None = None, kafka_direct: bool = True, name: str = "deltawheel",
+                 fused: bool = False) -> None:
         self.zk = zk  # host:port[,host:port]; None: the store's embedded ZooKeeper
         self.kafka_direct = kafka_direct  # the tasks read a Kafka batch's offset ranges (else the JVM reads)
         self.name = name
+        self.fused = fused  # every later stage runs in the stage before it's micro-batch (Pipeline.fused)
 
     def start(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
         """Connect a fresh store under ``work_dir`` and start the computation's query."""
@@ -172,7 +174,7 @@ class DeltaWheelLatencyEngine:
         intervals = int(spark.conf.get("spark.sql.shuffle.partitions"))
         engine = _connect(spark, work_dir, self.zk)
         try:
-            if stages > 1 or isinstance(source, KafkaInput):
+            if stages > 1 or isinstance(source, KafkaInput) or self.fused:
                 return self._start_pipeline(engine, source, intervals=intervals, stages=stages)
             inj = _file_injector(source)
             query = engine.start(inj, _computation(intervals), checkpoint=str(chk))
@@ -205,8 +207,9 @@ class DeltaWheelLatencyEngine:
         else:
             inj = _file_injector(source)
         comps = tuple(_computation(intervals, base) for base in bases)
-        run = engine.start_pipeline(Pipeline("latency", (inj,), comps))
         names = [c.name for c in comps]
+        fused = tuple(zip(names, names[1:], strict=False)) if self.fused else ()
+        run = engine.start_pipeline(Pipeline("latency", (inj,), comps, fused=fused))
         outputs = tuple(
             StageOutput(stage=i, name=c.outputs[0], table=Path(engine.layout.stream(c.outputs[0])),
                         checkpoint=Path(f"{engine.layout.root}/_checkpoints/latency/{c.name}"),
@@ -216,11 +219,13 @@ class DeltaWheelLatencyEngine:
             for i, c in enumerate(comps, start=1))
         settings = _settings(
             self.zk, intervals=intervals, inj=inj, executor=run.executors[names[0]],
-            runner="engine.start_pipeline (ContinuousRun: every stage live)",
+            runner="engine.start_pipeline (ContinuousRun: " + (
+                "stage 1 live, each later stage fused: run in the micro-batch of the stage before it"
+                if fused else "every stage live") + ")",
             **({"kafka_direct_read": str(self.kafka_direct)} if isinstance(source, KafkaInput) else {}),
             operator="stage 1: Computation.process_record: state += 1, produce(count) per record; "
                      "stages 2..n: produce the record's count on (no state)",
             output="each stage's stream table, one delivery commit per batch after the rows commit; "
                    "a later stage reads its upstream's stream table (Delta source)")
-        return _DeltaWheelRun(engine, [run.queries[n] for n in names], lambda stage: run.executors[names[stage - 1]],
+        return _DeltaWheelRun(engine, [run.queries.get(n) for n in names], lambda stage: run.executors[names[stage - 1]],
                               outputs, settings, check=run.check)

@@ -88,15 +88,16 @@ class SparkRun:
     """A started engine: its queries (one per stage), the tables they write and their progress reports."""
 
     def __init__(self, queries: list[Any], outputs: tuple[StageOutput, ...], settings: Mapping[str, Any]) -> None:
-        self.queries = queries
+        self.stage_queries = queries  # per stage; None: a stage run in the one before it's batches (fused)
+        self.queries = [q for q in queries if q is not None]
         self.outputs = outputs
         self.settings = dict(settings)
         self._progress: list[dict[int, dict[str, Any]]] = [{} for _ in queries]
 
     def poll(self) -> None:
         """Keep every executed batch's report (idle triggers report no ``addBatch``)."""
-        for q, seen in zip(self.queries, self._progress, strict=True):
-            for p in progress_dicts(q):
+        for q, seen in zip(self.stage_queries, self._progress, strict=True):
+            for p in progress_dicts(q) if q is not None else ():
                 if "addBatch" in p.get("durationMs", {}):
                     seen[int(p["batchId"])] = p
 

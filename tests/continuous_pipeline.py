@@ -75,12 +75,36 @@ class FailsOn(Computation):
 SCHEMA = "user STRING, ts BIGINT, id STRING"
 
 
-def make(folder: str, name: str = "clicks", *, schema: str | None = None) -> Pipeline:
+def make(folder: str, name: str = "clicks", *, schema: str | None = None, fused: bool = False) -> Pipeline:
     """The pipeline over the Parquet files of ``folder`` (``schema``: given, so the folder may be
-    empty or missing at the start)."""
+    empty or missing at the start; ``fused``: stage 2 runs in stage 1's micro-batches)."""
     clicks = ParquetInjector("clicks", folder, key_column="user", event_time_column="ts", record_id_column="id",
                              watermark_delay_ms=5_000, max_files_per_trigger=1, schema=schema)
-    return Pipeline(name, injectors=(clicks,), computations=(UserMinutes(), MinuteTotals()))
+    return Pipeline(name, injectors=(clicks,), computations=(UserMinutes(), MinuteTotals()),
+                    fused=(("user_minutes", "minute_totals"),) if fused else ())
+
+
+def fused_pipeline() -> Pipeline:
+    """``deltawheel run continuous_pipeline:fused_pipeline``: :func:`pipeline` with stage 2 fused to
+    stage 1. ``$CRASH_FUSED`` = ``POINT:N`` ends the process (``os._exit``, as a SIGKILL would) in
+    stage 2's fused batch ``N``: ``planned`` once its position is written, before it runs;
+    ``committed`` once it returned (its commit landed), before its position says so."""
+    crash = os.environ.get("CRASH_FUSED")
+    if crash:
+        from deltawheel.executor.drivers import fused
+
+        point, _, n = crash.partition(":")
+        cls = fused.FusedFeed
+        orig = cls.frame if point == "planned" else cls.finished
+
+        def dying(self, batch, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if batch.batch_id >= int(n):
+                print(f"crashing in fused batch {batch.batch_id} ({point})", flush=True)
+                os._exit(137)
+            return orig(self, batch, *args, **kwargs)
+
+        setattr(cls, "frame" if point == "planned" else "finished", dying)
+    return make(os.environ["CLICKS_INPUT"], fused=True)
 
 
 def pipeline() -> Pipeline:

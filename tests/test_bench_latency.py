@@ -234,7 +234,7 @@ def test_three_stages_of_every_engine_are_exactly_once_per_stage(spark, zk_serve
     floor's; its Python worker start is what fails first on a loaded machine.)"""
     st = LatencySettings(rate=100, seconds=4, out=tmp_path / "out", warmup_s=1, prewarm_s=0, progress_every_s=5,
                          drain_timeout_s=300, zk=zk_server.hosts, keys=200, stages=3,
-                         engines=("deltawheel", "spark_sql", "floor"))
+                         engines=("deltawheel", "deltawheel_fused", "spark_sql", "floor"))
     lines: list[str] = []
     report = run_latency(st, spark=spark, progress=lines.append)
     for name, e in report["engines"].items():
@@ -249,6 +249,9 @@ def test_three_stages_of_every_engine_are_exactly_once_per_stage(spark, zk_serve
     dw = report["engines"]["deltawheel"]["stages"]
     assert dw[0]["watermark_lag_s"]["n"] > 0  # a later stage's is known once its upstream's watermark was
     assert all("watermark_lag_s" in s and s["per_batch"] and "engine" in s["per_batch"][0] for s in dw)
+    fused = report["engines"]["deltawheel_fused"]
+    assert "each later stage fused" in fused["settings"]["runner"]
+    assert all(s["batches"]["count"] > 0 for s in fused["stages"])  # stages 2 and 3: their executors' batches
     printed = "\n".join(lines).splitlines()
     assert sum(ln.startswith("  stage ") for ln in printed) == 3 * len(report["engines"])
 

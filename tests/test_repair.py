@@ -193,13 +193,16 @@ def test_repair_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys, ho
 @pytest.mark.zk
 @pytest.mark.slow  # a continuous run of two stages and a repair while it runs (minutes on a loaded machine)
 @pytest.mark.timeout(1200)
-def test_a_continuous_run_hands_intervals_over_to_a_repair(spark, zk_config, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+def test_a_continuous_run_hands_intervals_over_to_a_repair(spark, zk_config, tmp_path, capsys,  # type: ignore[no-untyped-def]
+                                                           fused: bool) -> None:
     """``deltawheel run``'s continuous queries: between batches the stage gives the requested
     intervals to the repair and takes them again; every output once, the repaired field kept. The
     run's ticks are an hour apart: the request itself wakes the idle stage (a ZooKeeper watch),
     which hands over at once, not at a tick that finds it idle; the tool gives the intervals back
     as soon as its commit landed, before its audit row. (The run then stops, and one with the usual
-    ticks goes on: an idle stage's timers fire at its ticks.)"""
+    ticks goes on: an idle stage's timers fire at its ticks.) Fused: the second stage runs in the first
+    one's batches, which pause for the repair alike."""
     from continuous_pipeline import click_rows, closing_row, expected, make, outputs, write_file
     from deltawheel.statestore.layout import StoreLayout
     from test_continuous import wait_for
@@ -215,7 +218,7 @@ def test_a_continuous_run_hands_intervals_over_to_a_repair(spark, zk_config, tmp
     with deltawheel.connect(spark, store=str(store), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                             pipeline="clicks") as engine:
         engine.progress = lines.append
-        run = engine.start_pipeline(make(str(folder)), tick_s=3600.0)
+        run = engine.start_pipeline(make(str(folder), fused=fused), tick_s=3600.0)
         wait_for("user_minutes holds state", lambda: bool(_state(spark, minutes, "user_minutes")), runs=(run,))
         key = sorted(_state(spark, minutes, "user_minutes"))[0]
         stmt = f"UPDATE state SET state_json = regexp_replace(state_json, '^[{{]', '{{\"999\": 5, ') WHERE key = '{key}'"
@@ -226,7 +229,7 @@ def test_a_continuous_run_hands_intervals_over_to_a_repair(spark, zk_config, tmp
         assert re.search(r"user_minutes: committed 1 rows written, 0 deleted at rows version \d+; intervals given back "
                          r"after [\d.]+s \(held [\d.]+s\)", said), said
         run.stop()
-        run = engine.start_pipeline(make(str(folder)))
+        run = engine.start_pipeline(make(str(folder), fused=fused))
         write_file(folder, "part-1.parquet", rows[80:] + [closing_row(rows)])  # after the repair
         want_users, want_totals = expected(rows)
         wait_for("every minute's total", lambda: len(outputs(spark, engine.layout)[1]) >= len(want_totals),

@@ -28,6 +28,7 @@ from ..exceptions import BatchFailedError
 from ..protocol.executor import ComputationExecutor
 from ..sources.injector import publish_watermark
 from ..tasks import worker as _worker
+from .fused import FusedFeed, feed_downstream, fused_batch, fused_in_process, refuse_unfused
 from .handover import HandoverWatch, hand_over
 from .inputs import direct_source, query_of, stage_input, upstream_caps
 from .pipeline import Pipeline, RunSummary, StopReport
@@ -76,6 +77,7 @@ class ContinuousRun:
                               f"{', '.join(names)})")
         if not wanted:
             raise ConfigError(f"pipeline {pipeline.name}: no computation to run (computations=[])")
+        self._fused = fused_in_process(pipeline, wanted=wanted, instance=instance)
         if standby and instance is None:
             raise ConfigError(f"pipeline {pipeline.name}: standby=True needs an instance name (a standby is an "
                               "instance sharing the intervals that holds none while another instance lives)")
@@ -123,6 +125,8 @@ class ContinuousRun:
                 self.wiring.authority.declare(comp.name, upstream=self.pipeline.upstream(comp),
                                               num_intervals=type(comp).num_intervals)
             warn_unless_fair(scheduler_mode(self.spark), len(self._comps), self._log)
+            if self.instance is None:
+                refuse_unfused(self._files, self.layout, self.pipeline, [c.name for c in self._comps])
             for comp in self._comps:
                 for s in comp.inputs:
                     if s not in {i.name for i in self.pipeline.injectors}:
@@ -370,6 +374,11 @@ class ContinuousRun:
                 f"{comp.name}: leases held, sequencers {ex.owner.sequencers}"))
             ex.wait_leased()  # the leases keep a second copy of this job off the query's checkpoint
             stage.replay_id = pending_batch(chk)
+        if comp.name in self._fused:  # no query: its upstream's batches run it (fused.py)
+            stage.fused = FusedFeed(self.spark, self.layout, comp, checkpoint=chk, files=self._files,
+                                    direct_read=self.direct_read)
+            stage.replay_id, stage.next_caps = None, upstream_caps(authority, p.upstream(comp))
+            return
         inp = stage_input(self.spark, self.layout, comp, injectors, shared=sharing is not None)
         if sharing is None and self.direct_read:  # after stage_input: an injector knows its files once it streams
             stage.direct = direct_source(comp, injectors, layout=self.layout, checkpoint=chk)
@@ -418,6 +427,8 @@ class ContinuousRun:
                     stage.next_caps = upstream_caps(authority, p.upstream(comp))
                     ex.next_batch_inputs(stage.inputs(stage.next_caps))
                     self._hand_over(stage)  # a tool's request that came during the batch: at its end
+                    feed_downstream(self.stages, self._fused, comp.name, authority=authority, pipeline=p,
+                                    failed=self._fused_failed)
                 except Exception as exc:  # the store failed under Spark's or pyarrow's call: typed here
                     typed = exc if isinstance(exc, DeltaWheelError) else self._store_failure(exc)
                     if typed is None:
@@ -433,6 +444,11 @@ class ContinuousRun:
         with in_pool(self.spark, name):  # its micro-batches' jobs: a FAIR pool of its own (pools.py)
             stage.query = stage.trigger.apply(writer).start()
 
+    def _fused_failed(self, stage: Stage, exc: BaseException) -> None:
+        typed = exc if isinstance(exc, DeltaWheelError) else self._store_failure(exc)
+        stage.failed.append(exc if typed is None else typed)  # check() restarts it or raises
+        self._log(f"{stage.comp.name}: its fused batch failed: {first_line(exc)}")
+
     def _log(self, line: str) -> None:
         if self.progress is not None:
             self.progress(line)
@@ -447,9 +463,10 @@ class ContinuousRun:
             if self.background_gc is not None:
                 self.background_gc.batch_done(0)  # a run due by time while the stages are idle
             for stage in list(self.stages.values()):
-                if self._stopping.is_set() or stage.failed or stage.query is None or not stage.query.isActive:
+                if self._stopping.is_set() or stage.failed or stage.restarting:
                     continue
-                if stage.query.lastProgress is None:
+                if stage.fused is None and (stage.query is None or not stage.query.isActive
+                                            or stage.query.lastProgress is None):
                     continue  # its first micro-batch (a replay, or the input waiting) fires what is due first
                 if not stage.lock.acquire(blocking=False):
                     continue  # a batch runs: it fires what is due
@@ -463,8 +480,12 @@ class ContinuousRun:
                     # intervals just taken: the query's next micro-batch (often waiting for this lock, a
                     # failover's first) fires what is due; else the next tick does
                     if not self._stopping.is_set() and stage.ex is not None and not moved:
-                        with in_pool(self.spark, stage.query.name):  # the jobs of due timers: the stage's pool
+                        with in_pool(self.spark, stage.query.name if stage.query is not None else "default"):
+                            if stage.fused is not None:  # what a delivery after its upstream's batch brought
+                                fused_batch(stage, self.wiring.authority, self.pipeline)
                             stage.tick(self.wiring.authority, self.pipeline, layout=self.layout, files=self._files)
+                            feed_downstream(self.stages, self._fused, stage.comp.name, authority=self.wiring.authority,
+                                            pipeline=self.pipeline, failed=self._fused_failed)
                 except DeltaWheelError as exc:
                     stage.failed.append(exc)
                     self._log(f"{stage.comp.name}: {type(exc).__name__}: {exc}")

@@ -24,10 +24,39 @@ class Pipeline:
     name: str
     injectors: tuple[Injector, ...]
     computations: tuple[Computation, ...]
+    #: (upstream, downstream) computation names: the downstream runs in its upstream's micro-batch on what
+    #: that batch delivered, with no query of its own (docs/continuous.md, "Fused stages")
+    fused: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         for comp in self.computations:
             check_instance(comp)
+        object.__setattr__(self, "fused", tuple(tuple(p) for p in self.fused))
+        self.fused_into()
+
+    def fused_into(self) -> dict[str, str]:
+        """Downstream -> upstream name of each fused pair; ConfigError for a pair that cannot fuse."""
+        by = {c.name: c for c in self.computations}
+        out: dict[str, str] = {}
+        for pair in self.fused:
+            if len(pair) != 2 or not all(isinstance(n, str) for n in pair):
+                raise ConfigError(f"pipeline {self.name}: fused={list(self.fused)!r}: each entry is a pair of "
+                                  "computation names (upstream, downstream)")
+            up, down = pair
+            unknown = [n for n in pair if n not in by]
+            if unknown:
+                raise ConfigError(f"pipeline {self.name}: fused pair {pair!r} names no computation "
+                                  f"{', '.join(map(repr, unknown))} (it has {', '.join(by)})")
+            if down in out:
+                raise ConfigError(f"pipeline {self.name}: {down} is fused twice (to {out[down]} and {up}); a "
+                                  "computation runs in one upstream's micro-batch")
+            streams = list(by[down].inputs)
+            if len(streams) != 1 or self.upstream(by[down]) != [f"computation:{up}"]:
+                raise ConfigError(f"pipeline {self.name}: {down} cannot run fused to {up}: a fused computation "
+                                  f"reads one stream, which only its upstream produces ({down} reads "
+                                  f"{', '.join(streams) or 'nothing'}, from {', '.join(self.upstream(by[down]))})")
+            out[down] = up
+        return out
 
     def upstream(self, comp: Computation) -> list[str]:
         """The sources feeding ``comp``, sorted: ``injector:<name>``, ``computation:<name>``."""

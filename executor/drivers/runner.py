@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.jvm import require_classic_session
+from deltawheel.statestore.delta.storefs import files_resolver
 from deltawheel.statestore.exceptions import DeltaWheelError
 from deltawheel.statestore.layout import StoreLayout, validate_name
 from deltawheel.statestore.zk.handover import read_handover
@@ -27,6 +28,7 @@ from ..protocol.host import BatchInputs
 from ..protocol.reports import BatchReport
 from ..sources.injector import publish_watermark
 from ..tasks import worker as _worker
+from .fused import FusedFeed, fused_in_process, refuse_unfused
 from .handover import hand_over
 from .inputs import direct_source, query_of, stage_input, upstream_caps
 from .pipeline import MoveTiming, Pipeline, RunSummary
@@ -69,6 +71,7 @@ class PipelineRunner:
         if background_gc is not None and background_gc.progress is None:
             background_gc.progress = self.progress
         self._read_upto: dict[str, list[Any]] = {}  # per computation: its inputs' tokens at its last query start
+        self._fused = fused_in_process(pipeline, wanted=[c.name for c in pipeline.computations], instance=instance)
         self._sharing: Sharing | None = None
 
     def run(self) -> RunSummary:
@@ -109,6 +112,8 @@ class PipelineRunner:
             self._sharing.moves = self.moves
             self._sharing.join()
         execs: dict[str, ComputationExecutor | None] = {}
+        if self.instance is None:
+            refuse_unfused(files_resolver(self.spark), self.layout, p, [c.name for c in p.computations])
         try:
             self._start_all(execs)
             rnd = 0
@@ -259,6 +264,9 @@ class PipelineRunner:
         # instances: read before the query pins its upstream snapshot (one advanced after it may cover unread rows)
         capped = self.instance is not None and ex.authority is not None
         caps = upstream_caps(ex.authority, ex.upstream) if capped else {}
+        chk, name = query_of(self.layout, self.pipeline.name, comp.name, self.instance)
+        if comp.name in self._fused:
+            return self._consume_fused(comp, ex, chk)
         last = self._read_upto.get(comp.name)
         if last is not None and self._input_tokens(comp) == last:
             ex.next_batch_inputs(BatchInputs(upstream_caps=caps, direct_source=ex.inputs.direct_source))
@@ -266,7 +274,6 @@ class PipelineRunner:
         inp = stage_input(self.spark, self.layout, comp, injectors, shared=self.instance is not None)
         # after its stream_df; shared intervals: the skip rule filters the frame, the tasks must not read the files
         direct = self.direct_read and ex.shared is None
-        chk, name = query_of(self.layout, self.pipeline.name, comp.name, self.instance)
         ex.next_batch_inputs(BatchInputs(upstream_caps=caps, direct_source=direct_source(
             comp, injectors, layout=self.layout, checkpoint=None, kafka_checkpoint=chk) if direct else None))
         before = ex.records_in_total
@@ -307,6 +314,17 @@ class PipelineRunner:
             ex.metrics.flush(timeout_s=0)
         if None not in tokens:
             self._read_upto[comp.name] = tokens
+        return ex.records_in_total - before
+
+    def _consume_fused(self, comp: Computation, ex: ComputationExecutor, checkpoint: str) -> int:
+        """A fused computation's batches over what its upstream delivered (``fused.py``); records consumed."""
+        feed = FusedFeed(self.spark, self.layout, comp, checkpoint=checkpoint, files=files_resolver(self.spark),
+                         direct_read=self.direct_read)
+        before = ex.records_in_total
+        while feed.more():
+            feed.run(ex, dict)
+            if self.background_gc is not None:
+                self.background_gc.batch_done()
         return ex.records_in_total - before
 
     def _input_tokens(self, comp: Computation) -> list[Any]:

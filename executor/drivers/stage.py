@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 
 from deltawheel.statestore.delta.log import latest_local_version, local_path
 from deltawheel.statestore.layout import StoreLayout
@@ -16,6 +16,9 @@ from ..tasks.image.direct import DirectSource
 from .pipeline import Pipeline
 from .querystart import delta_end_version
 from .triggers import Trigger
+
+if TYPE_CHECKING:
+    from .fused import FusedFeed
 
 __all__ = ["Stage"]
 
@@ -40,6 +43,7 @@ class Stage:
     done_batch: int = -1  # the last micro-batch this run's function returned from
     restarts: int = 0  # how often it was started again in this driver since its last committed batch
     restarting: bool = False  # a thread stops it and starts it again (``ContinuousRun._restart``)
+    fused: FusedFeed | None = None  # run in its upstream's batches, with no query (``fused.py``)
 
     def inputs(self, caps: Mapping[str, int | None], hold: Literal["kept", "now", "from_commit"] = "kept"
                ) -> BatchInputs:
@@ -84,6 +88,8 @@ class Stage:
             return False  # unreadable: not known
         if version == 0:
             return True
+        if self.fused is not None:
+            return self.fused.consumed(version)
         end = delta_end_version(self.query, local_path(path) or path)
         return end is not None and end > version
 

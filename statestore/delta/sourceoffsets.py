@@ -15,7 +15,8 @@ from typing import Any
 from .log import files_of, log_files, read_snapshot
 from .storefs import TableFiles
 
-__all__ = ["END_INDEX", "BASE_INDEX", "SourceOffset", "Where", "offset_lines", "batch_adds", "add_file_name",
+__all__ = ["END_INDEX", "BASE_INDEX", "SourceOffset", "Where", "offset_lines", "batch_adds", "version_adds",
+           "source_boundary", "add_file_name",
            "kafka_offsets", "kafka_ranges", "files_of", "file_source_range"]
 
 BASE_INDEX = -1  # before every file of the offset's version
@@ -116,7 +117,16 @@ def batch_adds(checkpoint: Where, batch_id: int, table: Where) -> tuple[dict[str
     first, stop = start.boundary(), end.boundary()
     if first is None or stop is None or stop < first:
         return None
-    log = log_files(root)
+    return version_adds(root, first, stop)
+
+
+def version_adds(table: Where, first: int, stop: int, *,
+                 skip_changes: bool = False) -> tuple[dict[str, Any], ...] | None:
+    """The data-changing ``add`` actions of ``table``'s versions ``first`` .. ``stop - 1`` (None: a version
+    missing, or one Delta's source would not read as plain appends). ``skip_changes``: a version that
+    removes data (stream retention's delete) is skipped and a metadata change read past, as Delta's
+    ``skipChangeCommits`` does. Raises OSError as :func:`batch_adds`."""
+    log = log_files(table)
     if log is None:
         return None
     adds: list[dict[str, Any]] = []
@@ -124,14 +134,17 @@ def batch_adds(checkpoint: Where, batch_id: int, table: Where) -> tuple[dict[str
         text = log.read_text(f"{v:020d}.json")
         if text is None:
             return None
+        acts = []
         for line in text.splitlines():
-            if not line.strip():
-                continue
-            try:
-                act = json.loads(line)
-            except ValueError:
-                return None
-            if "metaData" in act or ("remove" in act and act["remove"].get("dataChange", True)):
+            if line.strip():
+                try:
+                    acts.append(json.loads(line))
+                except ValueError:
+                    return None
+        if any("remove" in a and a["remove"].get("dataChange", True) for a in acts) and skip_changes:
+            continue
+        for act in acts:
+            if ("metaData" in act and not skip_changes) or ("remove" in act and act["remove"].get("dataChange", True)):
                 return None
             add = act.get("add")
             if add is None or not add.get("dataChange", True):
@@ -141,6 +154,17 @@ def batch_adds(checkpoint: Where, batch_id: int, table: Where) -> tuple[dict[str
                 return None
             adds.append(add)
     return tuple(adds)
+
+
+def source_boundary(checkpoint: Where, batch_id: int, table: Where) -> int | None:
+    """The first version of ``table`` Delta's source had not read after micro-batch ``batch_id`` (its
+    offset ``offsets/<batch_id>``); None: not known (no such offset, or one inside a version)."""
+    root = files_of(table)
+    known = None if root is None else _table(root)
+    if known is None:
+        return None
+    end = _offset(offset_lines(checkpoint, batch_id), known[0])
+    return None if end is None else end.boundary()
 
 
 def add_file_name(add: dict[str, Any]) -> str:

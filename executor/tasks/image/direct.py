@@ -46,6 +46,7 @@ class DirectSource:
     # a stream table's (:func:`table_source`): its local folder and the reading query's checkpoint
     table: str | None = None
     checkpoint: str | None = None
+    adds: tuple[dict[str, Any], ...] | None = None  # a fused stage's batch: the table's files it reads (``fused.py``)
     kafka: KafkaRead | None = None  # a Kafka injector's (``kafkaread.py``): its offset ranges, not files
 
     @property
@@ -111,8 +112,12 @@ def _table_files(source: DirectSource, batch_id: int | None) -> tuple[tuple[str,
     """The data files of ``source``'s table micro-batch ``batch_id`` read (None: not known here)."""
     import os
 
-    assert source.table is not None and source.checkpoint is not None
-    adds = None if batch_id is None else batch_adds(source.checkpoint, batch_id, source.table)
+    assert source.table is not None
+    if source.adds is not None:
+        adds: tuple[dict[str, Any], ...] | None = source.adds
+    else:
+        assert source.checkpoint is not None
+        adds = None if batch_id is None else batch_adds(source.checkpoint, batch_id, source.table)
     if adds is None:
         return None
     out = []
@@ -139,14 +144,17 @@ def _fits(file: TableFiles | None, source: DirectSource, size: int | None = None
     return all(got.get(c) == t for c, t in source.types)
 
 
-def table_source(stream: str, table: str, *, checkpoint: str) -> DirectSource | None:
-    """The :class:`DirectSource` of the local stream table ``table`` for input ``stream`` (else None)."""
-    folder, chk = local_path(table), local_path(checkpoint)
-    if folder is None or chk is None:
+def table_source(stream: str, table: str, *, checkpoint: str | None,
+                 adds: tuple[dict[str, Any], ...] | None = None) -> DirectSource | None:
+    """The :class:`DirectSource` of the local stream table ``table`` for input ``stream`` (else None):
+    the files of the reading query's micro-batch (``checkpoint``), or ``adds``."""
+    folder = local_path(table)
+    chk = None if checkpoint is None else local_path(checkpoint)
+    if folder is None or (chk is None and adds is None):
         return None
     return DirectSource(stream=stream, key_column="key", event_time_column="timestamp_ms",
                         record_id_column="record_id", types=TABLE_TYPES, value_columns=(), s3=None,
-                        table=folder, checkpoint=chk)
+                        table=folder, checkpoint=chk, adds=adds)
 
 
 def _file(path: str, s3: S3Settings | None) -> TableFiles | None:

@@ -257,8 +257,7 @@ def engine_extras(schedule: Schedule, log: InputLog, *, t0: float, warmup_s: flo
         d = details.get(b)
         steady = start >= t0 + warmup_s
         if d is not None:
-            row["engine"] = {k: d[k] for k in ("records_in", "wall_s", "commit_s", "steps_s", "low_watermark_ms",
-                                               "input_watermark_ms", "direct") if k in d}
+            row["engine"] = {k: d[k] for k in _ENGINE_KEYS if k in d}
             end = start + dur.get("triggerExecution", 0) / 1000
             if d.get("low_watermark_ms") is not None and d["low_watermark_ms"] > 0:  # 0: held, upstream unknown
                 lag = end - d["low_watermark_ms"] / 1000
@@ -269,6 +268,8 @@ def engine_extras(schedule: Schedule, log: InputLog, *, t0: float, warmup_s: flo
                 for k, v in (d.get("steps_s") or {}).items():
                     steps.setdefault(k, []).append(float(v))
         per_batch.append(row)
+    if not progress:  # a stage without a query (fused): its executor's batches, without Spark's timings
+        per_batch, steps = _executor_rows(details)
     out: dict[str, Any] = {"per_batch": per_batch}
     if details:
         out["watermark_lag_s"] = percentiles(np.array(lags, float))
@@ -282,6 +283,21 @@ def engine_extras(schedule: Schedule, log: InputLog, *, t0: float, warmup_s: flo
             [seen[v] - versions[v].commit_info_s for v in common if versions[v].commit_info_s is not None]))
     out["commit_times"] = times
     return out
+
+
+_ENGINE_KEYS = ("records_in", "wall_s", "commit_s", "steps_s", "low_watermark_ms", "input_watermark_ms", "direct")
+
+
+def _executor_rows(details: Mapping[int, Mapping[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
+    """Per batch of an executor's reports: its figures (no start time: it has no query); the steps' times."""
+    rows: list[dict[str, Any]] = []
+    steps: dict[str, list[float]] = {}
+    for b, d in sorted(details.items()):
+        rows.append({"batch": b, "records": int(d.get("records_in", 0)),
+                     "engine": {k: d[k] for k in _ENGINE_KEYS if k in d}})
+        for k, v in (d.get("steps_s") or {}).items():
+            steps.setdefault(k, []).append(float(v))
+    return rows, steps
 
 
 def ratios(engines: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float | None]]:

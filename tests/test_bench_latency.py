@@ -252,6 +252,7 @@ def test_three_stages_of_every_engine_are_exactly_once_per_stage(spark, zk_serve
     fused = report["engines"]["deltawheel_fused"]
     assert "each later stage fused" in fused["settings"]["runner"]
     assert all(s["batches"]["count"] > 0 for s in fused["stages"])  # stages 2 and 3: their executors' batches
+    assert all(s["per_batch"] and "engine" in s["per_batch"][-1] for s in fused["stages"])
     printed = "\n".join(lines).splitlines()
     assert sum(ln.startswith("  stage ") for ln in printed) == 3 * len(report["engines"])
 

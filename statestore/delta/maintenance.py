@@ -16,7 +16,7 @@ from .jvm import jvm as jvm_of
 from .log import log_files
 from .storefs import table_files
 
-__all__ = ["COMMIT_CHECKPOINT_INTERVAL", "CHECKPOINT_EVERY", "REST", "CheckpointWritten", "LogCheckpointer",
+__all__ = ["COMMIT_CHECKPOINT_INTERVAL", "CHECKPOINT_EVERY", "CheckpointWritten", "LogCheckpointer",
            "checkpointer", "note_commit", "note_merge"]
 
 _LOG = logging.getLogger(__name__)
@@ -25,10 +25,6 @@ _LOG = logging.getLogger(__name__)
 COMMIT_CHECKPOINT_INTERVAL = 2_147_483_647
 #: versions between two checkpoints written in the background
 CHECKPOINT_EVERY = 100
-#: after a checkpoint that took ``d`` seconds, the next waits ``REST * d``: the tables of a pipeline's stages,
-#: committed in lockstep, pass their interval together, and their checkpoints back to back (each a Spark job)
-#: held a core for seconds on end, the batches' backlog growing meanwhile (docs/latency.md, "Fused stages")
-REST = 2.0
 
 
 @dataclass(frozen=True)
@@ -38,7 +34,6 @@ class CheckpointWritten:
     path: str
     version: int
     seconds: float
-    ended: float = 0.0  # when, on the monotonic clock
 
 
 class LogCheckpointer:
@@ -56,7 +51,6 @@ class LogCheckpointer:
         self._held = 0  # hold(): notes wait
         self._thread: threading.Thread | None = None
         self._warned = 0.0
-        self._rest_until = 0.0  # monotonic time: no checkpoint starts before it (:data:`REST`)
 
     def committed(self, path: str, version: int, *, spark: Any = None) -> None:
         """This process committed ``version`` of the table at ``path`` (returns at once)."""
@@ -96,53 +90,46 @@ class LogCheckpointer:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending or self._held or time.monotonic() < self._rest_until:
-                    self._cond.wait(max(0.0, self._rest_until - time.monotonic()) or None)
+                while not self._pending or self._held:
+                    self._cond.wait()
                 path = next(iter(self._pending))
                 version = self._pending.pop(path)
                 self._busy = True
                 spark = self.spark
-            started = time.monotonic()
-            wrote = False
             try:
-                wrote = self._maybe_checkpoint(spark, path, version)
+                self._maybe_checkpoint(spark, path, version)
             except Exception as exc:  # maintenance must never stop the notes' thread
                 self._failed(path, version, f"{type(exc).__name__}: {exc}")
             finally:
                 with self._cond:
                     self._busy = False
-                    if wrote:
-                        self._rest_until = time.monotonic() + REST * (time.monotonic() - started)
                     self._cond.notify_all()
 
-    def _maybe_checkpoint(self, spark: Any, path: str, version: int) -> bool:
-        """Checkpoint ``path`` at ``version`` if its interval passed since its newest; whether it ran one."""
+    def _maybe_checkpoint(self, spark: Any, path: str, version: int) -> None:
         known = self._known.get(path)
         if known is not None and version - known < self.every:
-            return False
+            return
         files = table_files(spark, path)
         log = _delta_log(spark, path)
         known = _newest_checkpoint(files, log)
         self._known[path] = known
         if version - known < self.every:
-            return False
+            return
         d = delta_classes(jvm_of(spark))
         snapshot = log.getSnapshotAt(version, d.none, d.none, False)
         if int(log.checkpointInterval(snapshot.metadata())) != COMMIT_CHECKPOINT_INTERVAL:
             self._known[path] = version  # Delta's hook checkpoints it
-            return False
+            return
         started = time.monotonic()
         sc = spark.sparkContext
         sc.setLocalProperty("spark.job.description", f"deltawheel: log checkpoint of {path} at version {version}")
         log.checkpoint(snapshot, d.none)  # Delta logs and swallows its own failures: look for the file
         if files is not None and _newest_checkpoint(files, log) < version:
             self._failed(path, version, "Delta wrote no checkpoint file (the driver's log has Delta's reason)")
-            return True
+            return
         self._known[path] = version
-        self.written = [*self.written[-999:], CheckpointWritten(path, version, time.monotonic() - started,
-                                                                time.monotonic())]
+        self.written = [*self.written[-999:], CheckpointWritten(path, version, time.monotonic() - started)]
         _LOG.info("deltawheel: checkpointed %s at version %d in %.2f s", path, version, time.monotonic() - started)
-        return True
 
     def _failed(self, path: str, version: int, why: str) -> None:
         self.failures = [*self.failures[-99:], (path, version, why)]

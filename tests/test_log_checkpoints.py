@@ -222,3 +222,25 @@ def test_sigkill_during_a_background_checkpoint_leaves_the_table_readable(spark,
             assert pq.ParquetFile(log_dir / name).metadata.num_rows > 0, name
     newest_json = max(int(n.split(".")[0]) for n in os.listdir(log_dir) if n.endswith(".json") and n[0] != ".")
     assert _readers_agree(spark, path) == newest_json
+
+
+def test_the_thread_warms_the_checkpoint_path_once_after_the_first_commits(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A process's first checkpoint is the slow one (Spark's code generation): after WARM_AFTER noted
+    commits the thread checkpoints a scratch table once, and leaves no folder of it behind."""
+    import tempfile
+
+    from deltawheel.statestore.delta.maintenance import WARM_AFTER, LogCheckpointer
+
+    cp = LogCheckpointer(spark)  # not the session's: its count of notes starts here
+    path = str(tmp_path / "not-a-table")  # far below its interval: nothing to checkpoint there
+    before = {p.name for p in Path(tempfile.gettempdir()).glob("deltawheel-warm-checkpoint-*")}
+    for i in range(WARM_AFTER - 1):
+        cp.committed(path, i)
+    assert cp.idle(60) and cp.warmed_s is None
+    cp.committed(path, WARM_AFTER)
+    assert cp.idle(300) and cp.warmed_s is not None and cp.warmed_s > 0, cp.failures
+    for i in range(WARM_AFTER + 1, 3 * WARM_AFTER):
+        cp.committed(path, i)
+    assert cp.idle(60)
+    assert {p.name for p in Path(tempfile.gettempdir()).glob("deltawheel-warm-checkpoint-*")} == before
+    assert cp.failures == [] and cp.written == []

@@ -25,6 +25,8 @@ _LOG = logging.getLogger(__name__)
 COMMIT_CHECKPOINT_INTERVAL = 2_147_483_647
 #: versions between two checkpoints written in the background
 CHECKPOINT_EVERY = 100
+#: commits noted before the thread warms the checkpoint path on a scratch table (:meth:`LogCheckpointer.warm`)
+WARM_AFTER = 20
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ class LogCheckpointer:
         self._held = 0  # hold(): notes wait
         self._thread: threading.Thread | None = None
         self._warned = 0.0
+        self._noted = 0
+        self._warm_due = False
+        self.warmed_s: float | None = None  # how long :meth:`warm` took (None: not run)
 
     def committed(self, path: str, version: int, *, spark: Any = None) -> None:
         """This process committed ``version`` of the table at ``path`` (returns at once)."""
@@ -59,6 +64,8 @@ class LogCheckpointer:
                 self.spark = spark
             if version > self._pending.get(path, -1):
                 self._pending[path] = version
+            self._noted += 1
+            self._warm_due = self._warm_due or self._noted == WARM_AFTER
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="deltawheel-log-checkpoints", daemon=True)
                 self._thread.start()
@@ -90,20 +97,45 @@ class LogCheckpointer:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending or self._held:
+                while not (self._pending or self._warm_due) or self._held:
                     self._cond.wait()
-                path = next(iter(self._pending))
-                version = self._pending.pop(path)
+                warm, self._warm_due = self._warm_due, False
+                path = None if warm else next(iter(self._pending))
+                version = -1 if path is None else self._pending.pop(path)
                 self._busy = True
                 spark = self.spark
             try:
-                self._maybe_checkpoint(spark, path, version)
+                if path is None:
+                    self.warm(spark)
+                else:
+                    self._maybe_checkpoint(spark, path, version)
             except Exception as exc:  # maintenance must never stop the notes' thread
-                self._failed(path, version, f"{type(exc).__name__}: {exc}")
+                self._failed(path or "(warming: a scratch table)", version, f"{type(exc).__name__}: {exc}")
             finally:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+
+    def warm(self, spark: Any) -> None:
+        """Checkpoint a scratch table in a local temporary folder (a local master only). A process's first
+        checkpoint pays for Spark's code generation and Delta's classes: 5.3 s against 1.5 s for the next
+        one, measured; paid at a table's 100th version, that stalled every stage's batches for seconds
+        (docs/latency.md, "Fused stages"). The thread pays it after :data:`WARM_AFTER` commits instead."""
+        import shutil
+        import tempfile
+
+        if not str(spark.sparkContext.master).startswith("local"):
+            return  # the executors could not read a folder of the driver's
+        started = time.monotonic()
+        folder = tempfile.mkdtemp(prefix="deltawheel-warm-checkpoint-")
+        try:
+            spark.sparkContext.setLocalProperty("spark.job.description", "deltawheel: warming log checkpoints")
+            spark.range(1).write.format("delta").save(folder)
+            log, d = _delta_log(spark, folder), delta_classes(jvm_of(spark))
+            log.checkpoint(log.update(False, d.none, d.none), d.none)
+            self.warmed_s = time.monotonic() - started
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _maybe_checkpoint(self, spark: Any, path: str, version: int) -> None:
         known = self._known.get(path)

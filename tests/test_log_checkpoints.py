@@ -16,7 +16,7 @@ from deltawheel.executor.computation import RECORD_KEY, Computation
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.delta.checkpoints import newest_checkpoint
 from deltawheel.statestore.delta.log import read_snapshot
-from deltawheel.statestore.delta.maintenance import checkpointer
+from deltawheel.statestore.delta.maintenance import REST, checkpointer
 from deltawheel.statestore.delta.storefs import table_files
 from deltawheel.statestore.delta.txn import TableLog, new_add
 from deltawheel.statestore.rowtable.tables import ensure_rows_table
@@ -132,6 +132,7 @@ def test_batches_leave_log_checkpoints_to_the_background_on_both_write_paths(
     try:
         assert cp.idle(120)
         before = (_checkpoints(spark, rows), _checkpoints(spark, stream))
+        written = len(cp.written)
         with cp.hold():
             for b in range(3):
                 ex.run_batch(_frame(spark, b), b)
@@ -142,6 +143,9 @@ def test_batches_leave_log_checkpoints_to_the_background_on_both_write_paths(
             newest = _newest(spark, path)
             assert newest >= 3 and _checkpoints(spark, path) != before[path == stream]
             assert _readers_agree(spark, path) >= newest
+        # the two were due together: the second started REST times the first's duration after it ended
+        first, second = cp.written[written:written + 2]
+        assert second.ended - second.seconds - first.ended >= REST * first.seconds * 0.99, (first, second)
         ex.run_batch(_frame(spark, 3), 3)
         ex.settle()
         assert cp.idle(300)

@@ -16,7 +16,7 @@ from .jvm import jvm as jvm_of
 from .log import log_files
 from .storefs import table_files
 
-__all__ = ["COMMIT_CHECKPOINT_INTERVAL", "CHECKPOINT_EVERY", "CheckpointWritten", "LogCheckpointer",
+__all__ = ["COMMIT_CHECKPOINT_INTERVAL", "CHECKPOINT_EVERY", "REST", "WARM_AFTER", "CheckpointWritten", "LogCheckpointer",
            "checkpointer", "note_commit", "note_merge"]
 
 _LOG = logging.getLogger(__name__)
@@ -25,6 +25,10 @@ _LOG = logging.getLogger(__name__)
 COMMIT_CHECKPOINT_INTERVAL = 2_147_483_647
 #: versions between two checkpoints written in the background
 CHECKPOINT_EVERY = 100
+#: after a checkpoint that took ``d`` seconds the next waits ``REST * d``: the tables of a pipeline's stages,
+#: committed in lockstep, pass their interval together, and their checkpoints back to back (each a Spark job)
+#: held a core for seconds on end, the batches' backlog growing meanwhile (docs/latency.md, "Fused stages")
+REST = 2.0
 #: commits noted before the thread warms the checkpoint path on a scratch table (:meth:`LogCheckpointer.warm`)
 WARM_AFTER = 20
 
@@ -36,6 +40,7 @@ class CheckpointWritten:
     path: str
     version: int
     seconds: float
+    ended: float = 0.0  # when, on the monotonic clock
 
 
 class LogCheckpointer:
@@ -54,6 +59,7 @@ class LogCheckpointer:
         self._thread: threading.Thread | None = None
         self._warned = 0.0
         self._noted = 0
+        self._rest_until = 0.0  # monotonic time: no checkpoint starts before it (:data:`REST`)
         self._warm_due = False
         self.warmed_s: float | None = None  # how long :meth:`warm` took (None: not run)
 
@@ -97,23 +103,26 @@ class LogCheckpointer:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._pending or self._warm_due) or self._held:
-                    self._cond.wait()
+                while not (self._pending or self._warm_due) or self._held or time.monotonic() < self._rest_until:
+                    self._cond.wait(max(0.0, self._rest_until - time.monotonic()) or None)
                 warm, self._warm_due = self._warm_due, False
                 path = None if warm else next(iter(self._pending))
                 version = -1 if path is None else self._pending.pop(path)
                 self._busy = True
                 spark = self.spark
+            started, wrote = time.monotonic(), False
             try:
                 if path is None:
                     self.warm(spark)
                 else:
-                    self._maybe_checkpoint(spark, path, version)
+                    wrote = self._maybe_checkpoint(spark, path, version)
             except Exception as exc:  # maintenance must never stop the notes' thread
                 self._failed(path or "(warming: a scratch table)", version, f"{type(exc).__name__}: {exc}")
             finally:
                 with self._cond:
                     self._busy = False
+                    if wrote:
+                        self._rest_until = time.monotonic() + REST * (time.monotonic() - started)
                     self._cond.notify_all()
 
     def warm(self, spark: Any) -> None:
@@ -137,31 +146,34 @@ class LogCheckpointer:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    def _maybe_checkpoint(self, spark: Any, path: str, version: int) -> None:
+    def _maybe_checkpoint(self, spark: Any, path: str, version: int) -> bool:
+        """Checkpoint ``path`` at ``version`` if its interval passed since its newest; whether it ran one."""
         known = self._known.get(path)
         if known is not None and version - known < self.every:
-            return
+            return False
         files = table_files(spark, path)
         log = _delta_log(spark, path)
         known = _newest_checkpoint(files, log)
         self._known[path] = known
         if version - known < self.every:
-            return
+            return False
         d = delta_classes(jvm_of(spark))
         snapshot = log.getSnapshotAt(version, d.none, d.none, False)
         if int(log.checkpointInterval(snapshot.metadata())) != COMMIT_CHECKPOINT_INTERVAL:
             self._known[path] = version  # Delta's hook checkpoints it
-            return
+            return False
         started = time.monotonic()
         sc = spark.sparkContext
         sc.setLocalProperty("spark.job.description", f"deltawheel: log checkpoint of {path} at version {version}")
         log.checkpoint(snapshot, d.none)  # Delta logs and swallows its own failures: look for the file
         if files is not None and _newest_checkpoint(files, log) < version:
             self._failed(path, version, "Delta wrote no checkpoint file (the driver's log has Delta's reason)")
-            return
+            return True
         self._known[path] = version
-        self.written = [*self.written[-999:], CheckpointWritten(path, version, time.monotonic() - started)]
+        self.written = [*self.written[-999:], CheckpointWritten(path, version, time.monotonic() - started,
+                                                                time.monotonic())]
         _LOG.info("deltawheel: checkpointed %s at version %d in %.2f s", path, version, time.monotonic() - started)
+        return True
 
     def _failed(self, path: str, version: int, why: str) -> None:
         self.failures = [*self.failures[-99:], (path, version, why)]

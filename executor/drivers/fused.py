@@ -210,7 +210,7 @@ def feed_downstream(stages: Mapping[str, Stage], fused_into: Mapping[str, str], 
 def fused_batch(stage: Stage, authority: Any, pipeline: Pipeline) -> BatchReport | None:
     """One batch of a fused ``stage`` (the caller holds its lock) over what its upstream delivered since."""
     ex, feed = stage.ex, stage.fused
-    if ex is None or feed is None:
+    if ex is None or not isinstance(feed, FusedFeed):
         return None
     ex.wait_started()
     ups = pipeline.upstream(stage.comp)

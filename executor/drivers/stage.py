@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping, Protocol
 
 from deltawheel.statestore.delta.log import latest_local_version, local_path
 from deltawheel.statestore.layout import StoreLayout
@@ -17,10 +17,14 @@ from .pipeline import Pipeline
 from .querystart import delta_end_version
 from .triggers import Trigger
 
-if TYPE_CHECKING:
-    from .fused import FusedFeed
+__all__ = ["Stage", "FusedInput"]
 
-__all__ = ["Stage"]
+
+class FusedInput(Protocol):
+    """A fused stage's input and position, as its tick reads it (``fused.FusedFeed``)."""
+
+    def consumed(self, version: int) -> bool:
+        """Whether every version up to ``version`` of its input table was read by a finished batch."""
 
 
 @dataclass(eq=False, kw_only=True)
@@ -43,7 +47,7 @@ class Stage:
     done_batch: int = -1  # the last micro-batch this run's function returned from
     restarts: int = 0  # how often it was started again in this driver since its last committed batch
     restarting: bool = False  # a thread stops it and starts it again (``ContinuousRun._restart``)
-    fused: FusedFeed | None = None  # run in its upstream's batches, with no query (``fused.py``)
+    fused: FusedInput | None = None  # run in its upstream's batches, with no query (``fused.py``)
 
     def inputs(self, caps: Mapping[str, int | None], hold: Literal["kept", "now", "from_commit"] = "kept"
                ) -> BatchInputs:

@@ -20,7 +20,8 @@ def main() -> None:
     spark = build_spark(SparkSettings(app_name="ckpt-writer"))
     spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT, p INT) USING DELTA PARTITIONED BY (p) "
               f"TBLPROPERTIES ('delta.checkpointInterval' = '{COMMIT_CHECKPOINT_INTERVAL}')")
-    checkpointer(spark).every = 1  # a checkpoint after every commit: one is nearly always being written
+    cp = checkpointer(spark)
+    cp.every, cp.rest = 1, 0.0  # a checkpoint after every commit, back to back: one is nearly always being written
     log = TableLog(spark, path)
     i = 0
     while True:

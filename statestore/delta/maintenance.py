@@ -49,6 +49,7 @@ class LogCheckpointer:
     def __init__(self, spark: Any, *, every: int = CHECKPOINT_EVERY) -> None:
         self.spark = spark
         self.every = every
+        self.rest = REST  # after a checkpoint of d seconds, the next waits rest * d
         self.written: list[CheckpointWritten] = []  # newest last (the last 1,000)
         self.failures: list[tuple[str, int, str]] = []  # (path, version, error), the last 100
         self._cond = threading.Condition()
@@ -122,7 +123,7 @@ class LogCheckpointer:
                 with self._cond:
                     self._busy = False
                     if wrote:
-                        self._rest_until = time.monotonic() + REST * (time.monotonic() - started)
+                        self._rest_until = time.monotonic() + self.rest * (time.monotonic() - started)
                     self._cond.notify_all()
 
     def warm(self, spark: Any) -> None:

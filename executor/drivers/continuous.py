@@ -168,7 +168,7 @@ class ContinuousRun:
             return
         for name, stage in list(self.stages.items()):
             q = stage.query
-            if q is not None and not stage.restarting and not q.isActive:
+            if q is not None and not stage.restarting and not stage.failed and not q.isActive:  # failed: above, next
                 exc = q.exception()
                 ended = BatchFailedError(f"{self.pipeline.name}: the query of {name} ended by itself"
                                          + (f": {exc}" if exc is not None else "")

@@ -124,7 +124,8 @@ def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket) -> No
             time.sleep(0.02)
         after = [_stat(fs, c) for c in counts]
         if after[2] == before[2]:  # what the upload waits on, for the failure's report
-            uploads.append(_stacks(j, ("checksum", "s3a", "aws", "sdk")))
+            failed = j.io.deltawheel.storage.DirectCheckpointFileManager.lastChecksumFailure()
+            uploads.append(f"last failed checksum upload: {failed}\n" + _stacks(j, ("checksum", "s3a", "aws", "sdk")))
         return after[0] - before[0], after[1] - before[1], after[2] - before[2]
 
     uploads: list[str] = []

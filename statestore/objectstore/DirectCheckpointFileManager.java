@@ -70,6 +70,13 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
                 return t;
             }, new ThreadPoolExecutor.CallerRunsPolicy());
 
+    /** The last checksum upload that failed in this JVM ("path: error"), or null: for a report. */
+    private static volatile String lastChecksumFailure;
+
+    public static String lastChecksumFailure() {
+        return lastChecksumFailure;
+    }
+
     public DirectCheckpointFileManager(Path path, Configuration hadoopConf) {
         super(path, hadoopConf);
     }
@@ -147,7 +154,8 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
                 CHECKSUMS.execute(() -> {
                     try {
                         out.close();
-                    } catch (IOException | RuntimeException e) {
+                    } catch (Throwable e) {  // logged and kept, not left to the pool's silent handler
+                        lastChecksumFailure = path + ": " + e;
                         org.slf4j.LoggerFactory.getLogger(DirectCheckpointFileManager.class)
                                 .warn("checksum file " + path + " not written (Delta reads an older one): " + e);
                     }

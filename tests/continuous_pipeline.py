@@ -88,19 +88,33 @@ def fused_pipeline() -> Pipeline:
     """``deltawheel run continuous_pipeline:fused_pipeline``: :func:`pipeline` with stage 2 fused to
     stage 1. ``$CRASH_FUSED`` = ``POINT:N`` ends the process (``os._exit``, as a SIGKILL would) in
     stage 2's fused batch ``N``: ``planned`` once its position is written, before it runs;
-    ``committed`` once it returned (its commit landed), before its position says so."""
+    ``committed`` once it returned (its commit landed), before its position says so. ``POINT:N:stop``
+    stops the process there instead (SIGSTOP to itself, once: a zombie when continued);
+    ``POINT:N:stop:unaware`` continues as a process that did not see its ZooKeeper session end (its
+    lease checks pass: only the sequencers fence it)."""
     crash = os.environ.get("CRASH_FUSED")
     if crash:
+        import signal
+
         from deltawheel.executor.drivers import fused
 
-        point, _, n = crash.partition(":")
+        point, n, stop, unaware = (crash.split(":") + ["", ""])[:4]
         cls = fused.FusedFeed
         orig = cls.frame if point == "planned" else cls.finished
+        stopped: list[int] = []
 
         def dying(self, batch, *args, **kwargs):  # type: ignore[no-untyped-def]
-            if batch.batch_id >= int(n):
-                print(f"crashing in fused batch {batch.batch_id} ({point})", flush=True)
-                os._exit(137)
+            if batch.batch_id >= int(n) and not stopped:
+                print(f"{'stopping' if stop else 'crashing'} in fused batch {batch.batch_id} ({point})", flush=True)
+                if not stop:
+                    os._exit(137)
+                stopped.append(batch.batch_id)
+                os.kill(os.getpid(), signal.SIGSTOP)
+                if unaware:
+                    from deltawheel.statestore.ownership.owner import IntervalOwner
+
+                    IntervalOwner.check = lambda _self: None  # type: ignore[method-assign]
+                print(f"continued in fused batch {batch.batch_id} ({point})", flush=True)
             return orig(self, batch, *args, **kwargs)
 
         setattr(cls, "frame" if point == "planned" else "finished", dying)

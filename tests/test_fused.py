@@ -11,6 +11,7 @@ import os
 import random
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -200,3 +201,69 @@ def test_a_fused_stages_commits_replay_to_an_empty_diff_and_promote(spark, zk_co
                             pipeline="clicks") as engine:
         engine.run_pipeline(make(str(folder), fused=True))
         assert outputs(spark, engine.layout) == drained(rows)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("fault", ["committed:1:stop", pytest.param("planned:1:stop", marks=pytest.mark.slow),
+                                   pytest.param("planned:1:stop:unaware", marks=pytest.mark.slow)])
+def test_a_fused_stage_stopped_past_its_session_is_a_zombie_that_lands_nothing(spark, zk_config, tmp_path,
+                                                                               fault: str) -> None:  # type: ignore[no-untyped-def]
+    """``deltawheel run`` of the fused pipeline stops (SIGSTOP) in stage 2's first batch that reads rows:
+    its position written, before it ran (``planned``) or after its commit landed (``committed``). It
+    stays stopped past its ZooKeeper session. The same command started again takes the intervals over
+    and runs every row, then stops; the first one, continued (seeing its session end or not:
+    ``unaware``), lands nothing and does not move the second's position back: fenced, it stops; having
+    seen its session end, it starts its stages again as a new owner. Both streams hold every row
+    once; a run after that goes on from where the second left off."""
+    rows = click_rows(160)
+    folder, store = tmp_path / "input", tmp_path / "store"
+    write_file(folder, "part-0.parquet", rows[:80])
+    env = {**os.environ, "CLICKS_INPUT": str(folder), "CRASH_FUSED": fault,
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "deltawheel.cli", "run", "continuous_pipeline:fused_pipeline", "--store",
+           str(store), "--zk", zk_config.hosts, "--zk-chroot", zk_config.chroot, "--zk-session-timeout", "6",
+           "--trigger", "200 milliseconds"]
+    zombie = Child(cmd, env)
+    layout = StoreLayout(str(store))
+    position = Path(query_of(layout, "clicks", "minute_totals")[0]) / FUSED_FILE
+    env.pop("CRASH_FUSED")
+    children = [zombie]
+    try:
+        wait_for("the first run stopped in fused batch 1", lambda: zombie.saw("stopping in fused batch 1"),
+                 timeout_s=600)
+        time.sleep(10)  # past its 6 s session: ZooKeeper ends it, its leases go
+        children.append(second := Child(cmd, env))
+        write_file(folder, "part-1.parquet", rows[80:] + [closing_row(rows)])
+        want = expected(rows)
+        wait_for("the second run read both files", lambda: second.saw("running") and
+                 len(outputs(spark, layout)[1]) >= len(want[1]), timeout_s=300)
+        os.killpg(second.proc.pid, signal.SIGTERM)
+        assert second.proc.wait(timeout=180) == 0, "\n".join(second.lines[-40:])
+        moved = position.read_text()
+        assert json.loads(moved)["batch_id"] > 1, moved  # the second run went past batch 1
+        os.killpg(zombie.proc.pid, signal.SIGCONT)
+        fenced = fault != "planned:1:stop"  # else it sees its session ended and starts again as a new owner
+        wait_for("the first run stopped, or started its stages again", lambda: zombie.proc.poll() is not None or
+                 sum("started again in this driver" in ln for ln in zombie.lines) >= 2, timeout_s=180)
+        log = "\n".join(zombie.lines[-40:])
+        assert any("continued in fused batch 1" in ln for ln in zombie.lines), log
+        if fenced:
+            assert zombie.proc.wait(timeout=60) == 4 and "StaleSequencerError" in zombie.lines[-1], log
+        now = position.read_text()
+        assert now == moved or json.loads(now)["batch_id"] > json.loads(moved)["batch_id"], (now, moved, log)
+        assert outputs(spark, layout) == want, log
+        closing = closing_row(rows)
+        write_file(folder, "part-2.parquet", [{**closing, "ts": closing["ts"] + 10 * 60_000, "id": "closing-2"}])
+        if fenced:
+            children.append(third := Child(cmd, env))
+            wait_for("the third run started", lambda: third.saw("running"), timeout_s=300)
+        want = drained(rows)  # the closing row's minute is closed too
+        wait_for("a run read the last file", lambda: len(outputs(spark, layout)[1]) >= len(want[1]), timeout_s=300)
+        time.sleep(2.0)  # a duplicate would land by now
+        assert outputs(spark, layout) == want, "\n".join(children[-1].lines[-40:])
+    finally:
+        for child in children:
+            if child.proc.poll() is None:
+                os.killpg(child.proc.pid, signal.SIGCONT)
+                os.killpg(child.proc.pid, signal.SIGTERM)
+                child.proc.wait(timeout=180)  # its Spark is gone before the next test starts

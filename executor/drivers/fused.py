@@ -7,7 +7,12 @@ offset log is: ``fused.json`` holds the batch id, the versions ``[first, stop)``
 reads, and ``done`` once the batch returned (its commit landed). A batch that did not finish runs
 again with the same id on the same versions, as Spark replays a planned micro-batch: its record ids
 drop what landed, its lateness is judged as at its first attempt. Its commits record the files read,
-as an unfused stage's do, so replay, promote and repair read a fused stage's commits alike."""
+as an unfused stage's do, so replay, promote and repair read a fused stage's commits alike.
+
+Only the driver holding the stage's leases moves the position: each write first reads the file back,
+and a position other than the one this driver last wrote means another driver took the stage over
+(this one was stopped past its ZooKeeper session, a zombie): it stops with ``StaleSequencerError``
+instead of moving the new owner's position back. Its commits are fenced by their sequencers."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping
 from deltawheel.statestore.delta.log import latest_local_version
 from deltawheel.statestore.delta.sourceoffsets import add_file_name, source_boundary, version_adds
 from deltawheel.statestore.delta.storefs import TableFiles
-from deltawheel.statestore.exceptions import ConfigError, InputGoneError
+from deltawheel.statestore.exceptions import ConfigError, InputGoneError, StaleSequencerError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
 
@@ -104,7 +109,8 @@ class FusedFeed:
                               f"({checkpoint})")
         self._chk, self._tbl = chk, tbl
         self.by_key = direct_read and list(comp.inputs.values()) == [RECORD_KEY]
-        self.last = _read(chk) or self._from_query()
+        self._written = _read(chk)  # what the file holds, as far as this driver knows
+        self.last = self._written or self._from_query()
 
     def _from_query(self) -> FusedBatch:
         """Where the computation's own query left its input (none: nothing read, from version 0)."""
@@ -139,14 +145,23 @@ class FusedFeed:
         if latest is None or latest < self.last.stop:
             return None
         planned = FusedBatch(self.last.batch_id + 1, self.last.stop, latest + 1, False)
-        self._chk.write_text(FUSED_FILE, planned.text())
-        self.last = planned
+        self._write(planned)
         return planned
 
     def finished(self, batch: FusedBatch) -> None:
         """``batch`` returned: its commit landed."""
-        self.last = replace(batch, done=True)
-        self._chk.write_text(FUSED_FILE, self.last.text())
+        self._write(replace(batch, done=True))
+
+    def _write(self, batch: FusedBatch) -> None:
+        """``batch`` as the position, unless another driver moved it since this one last wrote it."""
+        now = _read(self._chk)
+        if now != self._written:
+            raise StaleSequencerError(f"{self.comp.name}: its fused position is batch {now.batch_id if now else None} "
+                                      f"(versions {now.first if now else 0}..), not batch {self.last.batch_id} as "
+                                      "this driver wrote it: another driver took the stage over, this one stops "
+                                      "without writing it")
+        self._chk.write_text(FUSED_FILE, batch.text())
+        self.last = self._written = batch
 
     def frame(self, batch: FusedBatch) -> tuple[Any, tuple[dict[str, Any], ...], list[str]]:
         """(the batch's input frame, or None: no file; its adds; its positions, as commits record them)."""

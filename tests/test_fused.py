@@ -203,6 +203,48 @@ def test_a_fused_stages_commits_replay_to_an_empty_diff_and_promote(spark, zk_co
         assert outputs(spark, engine.layout) == drained(rows)
 
 
+
+@pytest.mark.timeout(900)
+def test_stage_1s_delivery_failing_starts_stage_1_again_not_the_fused_stage(spark, zk_config, tmp_path,
+                                                                            migrated_at) -> None:  # type: ignore[no-untyped-def]
+    """Stage 1's delivery fails (its stream table unreachable, also when redelivered) right before its
+    fused stage 2 would read it: stage 1 is started again in the driver, stage 2 is not blamed, and
+    both streams end with every row once."""
+    from deltawheel.statestore.exceptions import ObjectStoreUnreachableError
+
+    rows = click_rows(120)
+    folder, store = tmp_path / "input", tmp_path / "store"
+    write_file(folder, "part-0.parquet", rows[:40])
+    migrated_at(store)
+    lines: list[str] = []
+    with deltawheel.connect(spark, store=str(store), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+                            pipeline="clicks") as engine:
+        engine.progress = lines.append
+        run = engine.start_pipeline(make(str(folder), fused=True), trigger="200 milliseconds")
+        stage1 = run.executors["user_minutes"]
+        wait_for("stage 1 read the first file", lambda: stage1.records_in_total > 0, runs=(run,))
+        real, failed = stage1.path.deliver, []
+
+        def unreachable(out, *, strong):  # type: ignore[no-untyped-def]
+            if len(failed) < 2:  # the delivery and its redelivery
+                failed.append(out.version)
+                raise ObjectStoreUnreachableError("the stream table is unreachable")
+            return real(out, strong=strong)
+
+        stage1.path.deliver = unreachable
+        write_file(folder, "part-1.parquet", rows[40:] + [closing_row(rows)])
+        wait_for("stage 1 started again", lambda: any(ln.startswith("user_minutes: started again") for ln in lines),
+                 runs=(run,))
+        want = expected(rows)
+        wait_for("both streams hold every row", lambda: len(outputs(spark, engine.layout)[1]) >= len(want[1]),
+                 runs=(run,))
+        run.stop()
+        assert outputs(spark, engine.layout) == want
+    assert len(failed) == 2
+    assert any(ln.startswith("user_minutes: ObjectStoreUnreachableError: the stream table is unreachable; "
+                             "starting the stage again") for ln in lines), lines
+    assert not any(ln.startswith("minute_totals:") and "ObjectStoreUnreachableError" in ln for ln in lines), lines
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("fault", ["committed:1:stop", pytest.param("planned:1:stop", marks=pytest.mark.slow),
                                    pytest.param("planned:1:stop:unaware", marks=pytest.mark.slow)])

@@ -205,21 +205,22 @@ class FusedFeed:
 def feed_downstream(stages: Mapping[str, Stage], fused_into: Mapping[str, str], upstream: str, *,
                     authority: Any, pipeline: Pipeline, failed: Callable[[Stage, BaseException], None]) -> None:
     """After a batch of ``upstream``: its delivery lands, then each computation fused to it runs a batch
-    on what landed (and those fused to that one, in turn); a failure is ``failed``'s, not the upstream's."""
+    on what landed (and those fused to that one, in turn). The upstream's delivery failing is raised to
+    the caller (the upstream's batch or tick fails); a downstream's batch, or its own delivery to the
+    next one, failing is ``failed``'s for that downstream."""
     for down, up in fused_into.items():
         stage = stages.get(down)
         if up != upstream or stage is None or stage.fused is None or stage.failed or stage.restarting:
             continue
         feeding = stages[up].ex
+        if feeding is not None:
+            feeding.settle()  # its productions are in the stream table, its low watermark published
         try:
-            if feeding is not None:
-                feeding.settle()  # its productions are in the stream table, its low watermark published
             with stage.lock:
                 fused_batch(stage, authority, pipeline)
+            feed_downstream(stages, fused_into, down, authority=authority, pipeline=pipeline, failed=failed)
         except Exception as exc:
             failed(stage, exc)
-            continue
-        feed_downstream(stages, fused_into, down, authority=authority, pipeline=pipeline, failed=failed)
 
 
 def fused_batch(stage: Stage, authority: Any, pipeline: Pipeline) -> BatchReport | None:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from continuous_pipeline import MinuteTotals, click_rows, closing_row, expected, make, outputs, write_file
 from deltawheel.executor.drivers.fused import FUSED_FILE
@@ -283,6 +284,7 @@ def test_a_fused_stage_stopped_past_its_session_is_a_zombie_that_lands_nothing(s
         assert second.proc.wait(timeout=180) == 0, "\n".join(second.lines[-40:])
         moved = position.read_text()
         assert json.loads(moved)["batch_id"] > 1, moved  # the second run went past batch 1
+        assert psutil.Process(zombie.proc.pid).status() == psutil.STATUS_STOPPED  # stopped all along
         os.killpg(zombie.proc.pid, signal.SIGCONT)
         fenced = fault != "planned:1:stop"  # else it sees its session ended and starts again as a new owner
         wait_for("the first run stopped, or started its stages again", lambda: zombie.proc.poll() is not None or
@@ -292,7 +294,8 @@ def test_a_fused_stage_stopped_past_its_session_is_a_zombie_that_lands_nothing(s
         if fenced:
             assert zombie.proc.wait(timeout=60) == 4 and "StaleSequencerError" in zombie.lines[-1], log
         now = position.read_text()
-        assert now == moved or json.loads(now)["batch_id"] > json.loads(moved)["batch_id"], (now, moved, log)
+        assert now == moved or json.loads(now)["batch_id"] > json.loads(moved)["batch_id"], \
+            f"{now}\nwas {moved}\nthe first run:\n" + "\n".join(zombie.lines[-80:])
         assert outputs(spark, layout) == want, log
         closing = closing_row(rows)
         write_file(folder, "part-2.parquet", [{**closing, "ts": closing["ts"] + 10 * 60_000, "id": "closing-2"}])

@@ -89,7 +89,8 @@ def fused_pipeline() -> Pipeline:
     stage 1. ``$CRASH_FUSED`` = ``POINT:N`` ends the process (``os._exit``, as a SIGKILL would) in
     stage 2's fused batch ``N``: ``planned`` once its position is written, before it runs;
     ``committed`` once it returned (its commit landed), before its position says so. ``POINT:N:stop``
-    stops the process there instead (SIGSTOP to its process group, once: a zombie when continued);
+    stops the process there instead (SIGSTOP to itself, once: a zombie when continued; start it in a
+    process group that is not orphaned, or Linux continues it when another member exits);
     ``POINT:N:stop:unaware`` continues as a process that did not see its ZooKeeper session end (its
     lease checks pass: only the sequencers fence it)."""
     crash = os.environ.get("CRASH_FUSED")
@@ -109,9 +110,7 @@ def fused_pipeline() -> Pipeline:
                 if not stop:
                     os._exit(137)
                 stopped.append(batch.batch_id)
-                # the whole process group (its JVM and Python workers too): Linux continues an orphaned
-                # group (this one: a session of its own) when one of its members exits while another is stopped
-                os.killpg(os.getpgid(0), signal.SIGSTOP)
+                os.kill(os.getpid(), signal.SIGSTOP)  # the driver: its JVM and workers wait on it
                 if unaware:
                     from deltawheel.statestore.ownership.owner import IntervalOwner
 

@@ -277,9 +277,11 @@ def run_cmd(store: Path, zk_config: Any, *extra: str) -> list[str]:
 class Child:
     """A ``deltawheel run`` child process whose output lines are collected as they come."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+    def __init__(self, cmd: list[str], env: dict[str, str], *, session: bool = True) -> None:
+        # a session of its own, or (session=False) a process group of its own in this session: a stopped
+        # process's group must not be orphaned, as Linux continues an orphaned group when a member exits
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                     start_new_session=True)
+                                     start_new_session=session, process_group=None if session else 0)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

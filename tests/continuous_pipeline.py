@@ -90,7 +90,9 @@ def fused_pipeline() -> Pipeline:
     stage 2's fused batch ``N``: ``planned`` once its position is written, before it runs;
     ``committed`` once it returned (its commit landed), before its position says so. ``POINT:N:stop``
     stops the process there instead (SIGSTOP to itself, once: a zombie when continued; start it in a
-    process group that is not orphaned, or Linux continues it when another member exits);
+    process group that is not orphaned, or Linux continues it when another member exits). The stop
+    may land a little later, in whatever the driver does next (Linux lets any thread of the process
+    take the signal), as a pause in the field lands anywhere;
     ``POINT:N:stop:unaware`` continues as a process that did not see its ZooKeeper session end (its
     lease checks pass: only the sequencers fence it)."""
     crash = os.environ.get("CRASH_FUSED")

@@ -2,21 +2,23 @@
 batch's delivery committed, with no query of its own (``Pipeline.fused``; docs/continuous.md, "Fused
 stages").
 
-Its position is a small file in its query checkpoint folder, written ahead of each batch as Spark's
-offset log is: ``fused.json`` holds the batch id, the versions ``[first, stop)`` of its input table it
-reads, and ``done`` once the batch returned (its commit landed). A batch that did not finish runs
-again with the same id on the same versions, as Spark replays a planned micro-batch: its record ids
-drop what landed, its lateness is judged as at its first attempt. Its commits record the files read,
-as an unfused stage's do, so replay, promote and repair read a fused stage's commits alike.
+Its position is kept in its query checkpoint folder, written ahead of each batch as Spark's offset
+log is: a file per write in ``fused/``, holding the batch id, the versions ``[first, stop)`` of its
+input table it reads, and ``done`` once the batch returned (its commit landed). A batch that did not
+finish runs again with the same id on the same versions, as Spark replays a planned micro-batch: its
+record ids drop what landed, its lateness is judged as at its first attempt. Its commits record the
+files read, as an unfused stage's do, so replay, promote and repair read a fused stage's commits alike.
 
-Only the driver holding the stage's leases moves the position: each write first reads the file back,
-and a position other than the one this driver last wrote means another driver took the stage over
-(this one was stopped past its ZooKeeper session, a zombie): it stops with ``StaleSequencerError``
-instead of moving the new owner's position back. Its commits are fenced by their sequencers."""
+A driver stopped past its ZooKeeper session (a zombie) may write on when continued, even between any
+check and its write; so no write overwrites another. Each file is named by the writer's epoch (its
+highest lease sequencer: every later owner's is higher), then batch id, then done, and the position
+is the file that sorts last. A zombie's writes sort below the new owner's whenever they land; its
+commits are fenced by their sequencers."""
 
 from __future__ import annotations
 
 import json
+import re
 import urllib.parse
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping
@@ -36,10 +38,11 @@ from .inputs import query_of, upstream_caps
 from .pipeline import Pipeline
 from .stage import Stage
 
-__all__ = ["FUSED_FILE", "FusedBatch", "FusedFeed", "refuse_unfused", "feed_downstream", "fused_batch",
-           "fused_in_process"]
+__all__ = ["FUSED_DIR", "FusedBatch", "FusedFeed", "fused_position", "refuse_unfused", "feed_downstream",
+           "fused_batch", "fused_in_process"]
 
-FUSED_FILE = "fused.json"
+FUSED_DIR = "fused"  # the position's files, in the query checkpoint folder
+LEGACY_FILE = "fused.json"  # the position as an earlier release kept it
 
 
 @dataclass(frozen=True)
@@ -51,18 +54,35 @@ class FusedBatch:
     stop: int
     done: bool
 
-    def text(self) -> str:
-        """As ``fused.json`` holds it."""
-        return json.dumps({"format_version": 1, "batch_id": self.batch_id, "first": self.first, "stop": self.stop,
-                           "done": self.done})
+    def text(self, epoch: int) -> str:
+        """As its file holds it, written in ``epoch``."""
+        return json.dumps({"format_version": 2, "batch_id": self.batch_id, "first": self.first, "stop": self.stop,
+                           "done": self.done, "epoch": epoch})
 
 
-def _read(chk: TableFiles) -> FusedBatch | None:
-    text = chk.read_text(FUSED_FILE)
+def _name(batch: FusedBatch, epoch: int) -> str:
+    return f"{FUSED_DIR}/{epoch:012d}-{batch.batch_id:012d}-{int(batch.done)}.json"
+
+
+def _written(chk: TableFiles) -> list[str]:
+    """The position files, oldest first (a write's temporary file, another's name: not listed)."""
+    names = chk.listdir(FUSED_DIR) or ()
+    return sorted(f"{FUSED_DIR}/{n}" for n in names if re.fullmatch(r"\d{12}-\d{12}-[01]\.json", n))
+
+
+def fused_position(chk: TableFiles) -> tuple[FusedBatch, int] | None:
+    """A fused stage's position in its checkpoint folder ``chk`` and the epoch it was written in
+    (None: it never ran fused); ``fused.json`` of an earlier release: epoch -1."""
+    while True:
+        names = _written(chk)
+        text = chk.read_text(names[-1] if names else LEGACY_FILE)
+        if text is not None or not names:
+            break  # else its writer replaced it since the listing: list again
     if text is None:
         return None
     d = json.loads(text)
-    return FusedBatch(int(d["batch_id"]), int(d["first"]), int(d["stop"]), bool(d["done"]))
+    return (FusedBatch(int(d["batch_id"]), int(d["first"]), int(d["stop"]), bool(d["done"])),
+            int(d.get("epoch", -1)))
 
 
 def refuse_unfused(files: Callable[[str], TableFiles | None], layout: StoreLayout, pipeline: Pipeline,
@@ -73,10 +93,10 @@ def refuse_unfused(files: Callable[[str], TableFiles | None], layout: StoreLayou
     for name in names:
         checkpoint = query_of(layout, pipeline.name, name)[0]
         chk = None if name in fused else files(checkpoint)
-        last = None if chk is None else _read(chk)
-        if last is not None:
+        found = None if chk is None else fused_position(chk)
+        if found is not None:
             raise ConfigError(f"pipeline {pipeline.name}: {name} ran fused to its upstream (its input read up to "
-                              f"version {last.stop - 1}, in {checkpoint}/{FUSED_FILE}); its own query would read "
+                              f"version {found[0].stop - 1}, in {checkpoint}/{FUSED_DIR}); its own query would read "
                               f"that input again: run the pipeline with the same fused=, or replay {name} into a "
                               "new store")
 
@@ -109,8 +129,11 @@ class FusedFeed:
                               f"({checkpoint})")
         self._chk, self._tbl = chk, tbl
         self.by_key = direct_read and list(comp.inputs.values()) == [RECORD_KEY]
-        self._written = _read(chk)  # what the file holds, as far as this driver knows
-        self.last = self._written or self._from_query()
+        found = fused_position(chk)
+        self.last = found[0] if found is not None else self._from_query()
+        self._seen_epoch = -1 if found is None else found[1]
+        self._epoch: int | None = None  # this driver's, from its leases (at its first batch)
+        self._mine: str | None = None  # the file this driver wrote last
 
     def _from_query(self) -> FusedBatch:
         """Where the computation's own query left its input (none: nothing read, from version 0)."""
@@ -153,15 +176,28 @@ class FusedFeed:
         self._write(replace(batch, done=True))
 
     def _write(self, batch: FusedBatch) -> None:
-        """``batch`` as the position, unless another driver moved it since this one last wrote it."""
-        now = _read(self._chk)
-        if now != self._written:
-            raise StaleSequencerError(f"{self.comp.name}: its fused position is batch {now.batch_id if now else None} "
-                                      f"(versions {now.first if now else 0}..), not batch {self.last.batch_id} as "
-                                      "this driver wrote it: another driver took the stage over, this one stops "
-                                      "without writing it")
-        self._chk.write_text(FUSED_FILE, batch.text())
-        self.last = self._written = batch
+        """``batch`` as the position: a file of its own (none is overwritten), then this driver's previous
+        one removed (at its first write, every earlier one)."""
+        if self._epoch is None:
+            raise ConfigError(f"{self.comp.name}: a fused position is written by a run holding its leases")
+        name = _name(batch, self._epoch)
+        self._chk.write_text(name, batch.text(self._epoch))
+        older = [self._mine] if self._mine is not None else [n for n in _written(self._chk) if n < name] + [LEGACY_FILE]
+        for old in older:
+            if old is not None and old != name:
+                self._chk.delete(old)
+        self.last, self._mine = batch, name
+
+    def own(self, ex: Any) -> None:
+        """Write from now on in the epoch of ``ex``'s leases: its highest sequencer (StaleSequencerError:
+        the position was written in a later one, by a driver that took the stage over)."""
+        held = ex.owner.sequencers
+        epoch = max(held.values()) if held else -1
+        if epoch < self._seen_epoch or not held:
+            raise StaleSequencerError(f"{self.comp.name}: its fused position was written under lease sequencer "
+                                      f"{self._seen_epoch}, this driver holds {epoch}: another driver took the "
+                                      "stage over")
+        self._epoch = epoch
 
     def frame(self, batch: FusedBatch) -> tuple[Any, tuple[dict[str, Any], ...], list[str]]:
         """(the batch's input frame, or None: no file; its adds; its positions, as commits record them)."""
@@ -184,6 +220,7 @@ class FusedFeed:
         """One batch of what was delivered since (its report, None: nothing to read; the caps acted on).
         The upstream watermarks are read before the table's newest version (every row they pass is in
         a version read); a batch run again acts on none it did not record (as a replayed micro-batch)."""
+        self.own(ex)
         again = not self.last.done
         caps = dict(read_caps())
         if again:

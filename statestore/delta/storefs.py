@@ -8,6 +8,7 @@ import contextvars
 import functools
 import os
 import threading
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
@@ -155,9 +156,10 @@ class TableFiles:
             return
         path = self.path(rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        tmp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"  # a name of its own: writers of one file do not collide
+        with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
-        os.replace(path + ".tmp", path)
+        os.replace(tmp, path)
 
     def _source(self, rel: str) -> Any:
         if self.s3 is None:

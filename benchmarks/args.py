@@ -108,6 +108,9 @@ def add_latency_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zk", default=None,
                    help="ZooKeeper for the deltawheel engine, host:port[,host:port] (default: a store's embedded server)")
     p.add_argument("--watch-log", action="store_true", help="also report when output versions first appear")
+    p.add_argument("--later-trigger", default=None,
+                   help="--stages 3: deltawheel's stages 2 and 3 (unfused) triggered every INTERVAL, e.g. '500 "
+                        "milliseconds' (default: as fast as possible, as stage 1)")
 
 
 def add_restart_arguments(p: argparse.ArgumentParser) -> None:

@@ -56,9 +56,10 @@ from .memory import MemorySampler
 __all__ = ["ENGINES", "LatencySettings", "LatencyBenchError", "run_latency", "run_from_args"]
 
 ENGINES: dict[str, Callable[[LatencySettings], LatencyEngine]] = {
-    "deltawheel": lambda st: DeltaWheelLatencyEngine(zk=st.zk),
+    "deltawheel": lambda st: DeltaWheelLatencyEngine(zk=st.zk, later_trigger=st.later_trigger),
     # the same with Spark's Kafka source on the record path (KafkaInjector(direct_read=False)); from files: the same
-    "deltawheel_jvm": lambda st: DeltaWheelLatencyEngine(zk=st.zk, kafka_direct=False, name="deltawheel_jvm"),
+    "deltawheel_jvm": lambda st: DeltaWheelLatencyEngine(zk=st.zk, kafka_direct=False, name="deltawheel_jvm",
+                                                         later_trigger=st.later_trigger),
     # every later stage run in the micro-batch of the stage before it (Pipeline.fused); one stage: as deltawheel
     "deltawheel_fused": lambda st: DeltaWheelLatencyEngine(zk=st.zk, fused=True, name="deltawheel_fused"),
     "spark_tws": lambda _st: SparkEngine(name="spark_tws", query=spark_tws_query),
@@ -91,6 +92,7 @@ class LatencySettings:
     prewarm_s: float = 5.0
     zk: str | None = None  # deltawheel's ZooKeeper (host:port[/chroot]); None: the store's embedded server
     kafka: str | None = None  # --source kafka: the broker (host:port); None: a local broker started under --out
+    later_trigger: str | None = None  # deltawheel's (unfused) stages after the first; None: as fast as possible
 
     def schedule(self) -> Schedule:
         """The input schedule every engine gets."""
@@ -118,6 +120,14 @@ class LatencySettings:
             raise LatencyBenchError(f"--commit-time must be one of {COMMIT_TIME_SOURCES}, not {self.commit_time!r}")
         if self.prewarm_s < 0:
             raise LatencyBenchError(f"--prewarm must be >= 0 seconds, not {self.prewarm_s:g}")
+        if self.later_trigger is not None:
+            from deltawheel.executor.drivers.triggers import Trigger
+            from deltawheel.statestore.exceptions import ConfigError
+
+            try:
+                Trigger.parse(self.later_trigger)
+            except ConfigError as exc:
+                raise LatencyBenchError(f"--later-trigger: {exc}") from None
         if self.generator not in Generator.MODES:
             raise LatencyBenchError(f"--generator must be one of {Generator.MODES}, not {self.generator!r}")
 

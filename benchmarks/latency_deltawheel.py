@@ -161,11 +161,12 @@ class DeltaWheelLatencyEngine:
     stages: tuple[int, ...] = (1, 3)
 
     def __init__(self, *, zk: str | None = None, kafka_direct: bool = True, name: str = "deltawheel",
-                 fused: bool = False) -> None:
+                 fused: bool = False, later_trigger: str | None = None) -> None:
         self.zk = zk  # host:port[,host:port]; None: the store's embedded ZooKeeper
         self.kafka_direct = kafka_direct  # the tasks read a Kafka batch's offset ranges (else the JVM reads)
         self.name = name
         self.fused = fused  # every later stage runs in the stage before it's micro-batch (Pipeline.fused)
+        self.later_trigger = later_trigger  # the trigger of every (unfused) stage after the first; None: stage 1's
 
     def start(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
         """Connect a fresh store under ``work_dir`` and start the computation's query."""
@@ -209,7 +210,8 @@ class DeltaWheelLatencyEngine:
         comps = tuple(_computation(intervals, base) for base in bases)
         names = [c.name for c in comps]
         fused = tuple(zip(names, names[1:], strict=False)) if self.fused else ()
-        run = engine.start_pipeline(Pipeline("latency", (inj,), comps, fused=fused))
+        later = {n: self.later_trigger for n in names[1:]} if self.later_trigger and not fused else None
+        run = engine.start_pipeline(Pipeline("latency", (inj,), comps, fused=fused), triggers=later)
         outputs = tuple(
             StageOutput(stage=i, name=c.outputs[0], table=Path(engine.layout.stream(c.outputs[0])),
                         checkpoint=Path(f"{engine.layout.root}/_checkpoints/latency/{c.name}"),
@@ -223,6 +225,7 @@ class DeltaWheelLatencyEngine:
                 "stage 1 live, each later stage fused: run in the micro-batch of the stage before it"
                 if fused else "every stage live") + ")",
             **({"kafka_direct_read": str(self.kafka_direct)} if isinstance(source, KafkaInput) else {}),
+            **({"later_trigger": f"stages 2..{stages}: every {self.later_trigger}"} if later else {}),
             operator="stage 1: Computation.process_record: state += 1, produce(count) per record; "
                      "stages 2..n: produce the record's count on (no state)",
             output="each stage's stream table, one delivery commit per batch after the rows commit; "

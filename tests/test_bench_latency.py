@@ -104,6 +104,7 @@ def test_a_failed_check_is_printed_loudly() -> None:
     ({"source": "pigeons"}, r"--source must be files or kafka, not 'pigeons'"),
     ({"engines": ("deltawheel", "flink")}, r"unknown engine\(s\) \['flink'\]"),
     ({"warmup_s": 10.0}, r"--warmup 10 s leaves no steady state in --seconds 5"),
+    ({"later_trigger": "soon", "warmup_s": 1.0}, r"--later-trigger: trigger 'soon': expected a processing-time interval"),
 ])
 def test_what_the_benchmark_refuses(change: dict, message: str, tmp_path: Path) -> None:  # type: ignore[type-arg]
     st = LatencySettings(rate=100, seconds=5, out=tmp_path, **change)
@@ -233,7 +234,7 @@ def test_three_stages_of_every_engine_are_exactly_once_per_stage(spark, zk_serve
     printed table. (transformWithStateInPandas' later stages are the same ``chain`` of queries as the
     floor's; its Python worker start is what fails first on a loaded machine.)"""
     st = LatencySettings(rate=100, seconds=4, out=tmp_path / "out", warmup_s=1, prewarm_s=0, progress_every_s=5,
-                         drain_timeout_s=300, zk=zk_server.hosts, keys=200, stages=3,
+                         drain_timeout_s=300, zk=zk_server.hosts, keys=200, stages=3, later_trigger="300 milliseconds",
                          engines=("deltawheel", "deltawheel_fused", "spark_sql", "floor"))
     lines: list[str] = []
     report = run_latency(st, spark=spark, progress=lines.append)
@@ -249,8 +250,9 @@ def test_three_stages_of_every_engine_are_exactly_once_per_stage(spark, zk_serve
     dw = report["engines"]["deltawheel"]["stages"]
     assert dw[0]["watermark_lag_s"]["n"] > 0  # a later stage's is known once its upstream's watermark was
     assert all("watermark_lag_s" in s and s["per_batch"] and "engine" in s["per_batch"][0] for s in dw)
+    assert report["engines"]["deltawheel"]["settings"]["later_trigger"] == "stages 2..3: every 300 milliseconds"
     fused = report["engines"]["deltawheel_fused"]
-    assert "each later stage fused" in fused["settings"]["runner"]
+    assert "each later stage fused" in fused["settings"]["runner"] and "later_trigger" not in fused["settings"]
     assert all(s["batches"]["count"] > 0 for s in fused["stages"])  # stages 2 and 3: their executors' batches
     assert all(s["per_batch"] and "engine" in s["per_batch"][-1] for s in fused["stages"])
     printed = "\n".join(lines).splitlines()

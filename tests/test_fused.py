@@ -343,3 +343,29 @@ def test_a_fused_stage_stopped_past_its_session_is_a_zombie_that_lands_nothing(s
                 os.killpg(child.proc.pid, signal.SIGCONT)
                 os.killpg(child.proc.pid, signal.SIGTERM)
                 child.proc.wait(timeout=180)  # its Spark is gone before the next test starts
+
+
+@pytest.mark.objectstore
+@pytest.mark.timeout(900)
+def test_a_fused_pipeline_on_an_s3a_store_keeps_one_position_file(spark, zk_config, migrated_s3_store,
+                                                                  tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two bounded runs of the fused pipeline on a store on S3Proxy: every row once, and the fused
+    stage's position on the object store moved on by the second run, one file left of its writes."""
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.statestore.delta.storefs import table_files
+
+    rows, folder, layout = click_rows(120), tmp_path / "input", migrated_s3_store
+    chk = table_files(spark, query_of(layout, "clicks", "minute_totals")[0])
+    assert chk is not None and not chk.is_local
+    seen = []
+    for i, part in enumerate((rows[:60], rows[60:] + [closing_row(rows)])):
+        write_file(folder, f"part-{i}.parquet", part)
+        PipelineRunner(spark, layout, make(str(folder), fused=True), zk=zk_config, end_of_input=i == 1,
+                       progress=lambda _line: None).run()
+        seen.append(fused_position(chk))
+        assert len(chk.listdir("fused") or ()) == 1, chk.listdir("fused")
+    first, second = seen
+    assert first is not None and second is not None and first[0].done and second[0].done
+    assert second[0].batch_id > first[0].batch_id and second[0].first == first[0].stop
+    assert second[1] > first[1]  # the second run's leases: a later epoch
+    assert outputs(spark, layout) == drained(rows)

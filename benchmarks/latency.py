@@ -69,6 +69,7 @@ ENGINES: dict[str, Callable[[LatencySettings], LatencyEngine]] = {
 }
 Say = Callable[[str], None]
 PREWARM_MAX_RATE = 1_000.0  # the pre-warm run warms code paths, not the engine's capacity
+MEMORY_SAMPLE_S = 5.0  # the process tree's memory (PSS, from every process's smaps) sampled this often
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -329,7 +330,8 @@ def _run_engines(st: LatencySettings, *, session: Any, out: Path, say: Say) -> t
             say(f"[{name}] pre-warm run of {st.prewarm_s:g} s (not measured)")
             w = _run_engine(name, warm, spark=session, work=fresh_dir(out / "prewarm" / name), say=say)
             prewarm[name] = {"ok": w["ok"], "error": w["error"], "latency_s": w["latency_s"]}
-        with MemorySampler(interval_s=1.0) as mem:
+        # every 5 s: reading each process's smaps every second took about a tenth of a core beside the engine
+        with MemorySampler(interval_s=MEMORY_SAMPLE_S) as mem:
             res = _run_engine(name, st, spark=session, work=fresh_dir(out / "engines" / name), say=say)
         res["peak_memory"] = mem.peak.to_dict()
         engines[name] = res

@@ -198,3 +198,34 @@ def test_a_kafka_broker_or_spark_cluster_without_java_says_so_with_its_own_error
         KafkaBroker(tmp_path / "kafka", port=free_port()).start()
     with pytest.raises(ClusterError, match="java not found"):
         SparkStandalone(tmp_path / "spark").start()
+
+
+def test_the_clients_select_answers_as_select_does() -> None:
+    """``poll_select`` (the select of every client ``connect`` makes) against ``select.select`` on a socket
+    pair through its states: idle, written to, drained, its peer closed; and the timeout it waits."""
+    import select as select_module
+
+    from deltawheel.statestore.zk.client import poll_select
+
+    a, b = socket.socketpair()
+    try:
+        def both(r: list[object], w: list[object], timeout: float) -> tuple[object, object]:
+            return poll_select(r, w, [], timeout), select_module.select(r, w, [], timeout)
+
+        got, want = both([b], [b], 0)
+        assert got == want == ([], [b], [])  # writable, nothing to read
+        a.sendall(b"x")
+        got, want = both([b, a], [b], 0.5)
+        assert got == want == ([b], [b], [])
+        assert b.recv(1) == b"x"
+        t0 = time.monotonic()
+        got, want = both([b], [], 0.2)
+        assert got == want == ([], [], []) and time.monotonic() - t0 >= 0.35  # both waited their 0.2 s
+        a.close()
+        got, want = both([b], [], 1.0)
+        assert got == want == ([b], [], [])  # the hang-up is ready: the read says so
+        assert b.recv(1) == b""
+        with pytest.raises(ValueError):
+            poll_select([b], [], [], -1)
+    finally:
+        b.close()

@@ -4,28 +4,66 @@ kazoo reconnects on its own (SUSPENDED, then CONNECTED; a new session after LOST
 
 from __future__ import annotations
 
+import math
+import select
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, NoNodeError, SessionExpiredError
-from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
 from kazoo.protocol.paths import normpath
 from kazoo.security import ACL, make_acl, make_digest_acl
 
 from ..config import ZkConfig
 from ..exceptions import LeaseSuspendedError, SessionLostError, ZooKeeperServerError
 
-__all__ = ["children", "connect", "digest_acls", "zk_errors"]
+__all__ = ["children", "connect", "digest_acls", "poll_select", "zk_errors"]
 
 # retry forever, quickly: a short outage must reconnect well within the session timeout
 _CONNECTION_RETRY: dict[str, Any] = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0}
 
 
+_READABLE = select.POLLIN | select.POLLPRI
+_FAILED = select.POLLERR | select.POLLHUP | select.POLLNVAL
+
+
+def poll_select(rlist: Sequence[Any], wlist: Sequence[Any], xlist: Sequence[Any],
+                timeout: float | None = None) -> tuple[list[Any], list[Any], list[Any]]:
+    """``select.select``'s answer by one poll(2) call, with no limit on descriptor numbers (kazoo's own
+    makes, registers and closes an epoll selector at every call); an error or a hang-up is ready, so
+    the caller's next read or write raises it. ``xlist`` is not watched (kazoo passes none)."""
+    if timeout is not None and timeout < 0:
+        raise ValueError("timeout must be non-negative")
+    poller, masks, objs = select.poll(), dict[int, int](), dict[int, list[tuple[bool, Any]]]()
+    for reading, objects in ((True, rlist), (False, wlist)):
+        for obj in objects:
+            fd = obj if isinstance(obj, int) else obj.fileno()
+            masks[fd] = masks.get(fd, 0) | (_READABLE if reading else select.POLLOUT)
+            objs.setdefault(fd, []).append((reading, obj))
+    for fd, mask in masks.items():
+        poller.register(fd, mask)
+    readable: list[Any] = []
+    writable: list[Any] = []
+    for fd, events in poller.poll(None if timeout is None else math.ceil(timeout * 1000)):
+        for reading, obj in objs[fd]:
+            if events & (_FAILED | (_READABLE if reading else select.POLLOUT)):
+                (readable if reading else writable).append(obj)
+    return readable, writable, []
+
+
+class _PollingHandler(SequentialThreadingHandler):  # type: ignore[misc]
+    """kazoo's threading handler with :func:`poll_select`: a request and its answer take about five
+    selects, each an epoll selector made and closed in kazoo's own."""
+
+    def select(self, *args: Any, **kwargs: Any) -> tuple[list[Any], list[Any], list[Any]]:
+        return poll_select(*args, **kwargs)
+
+
 def connect(cfg: ZkConfig, *, timeout_s: float = 15.0) -> KazooClient:
     """Return a started client whose paths are relative to ``cfg.chroot`` (created when missing).
     Raises ZooKeeperServerError: no server answered within ``timeout_s``."""
-    client = KazooClient(hosts=cfg.hosts, timeout=cfg.session_timeout_s,
+    client = KazooClient(hosts=cfg.hosts, timeout=cfg.session_timeout_s, handler=_PollingHandler(),
                          connection_retry=dict(_CONNECTION_RETRY),
                          auth_data=[("digest", cfg.digest)] if cfg.digest else None)
     try:

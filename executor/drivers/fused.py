@@ -182,9 +182,9 @@ class FusedFeed:
             raise ConfigError(f"{self.comp.name}: a fused position is written by a run holding its leases")
         name = _name(batch, self._epoch)
         self._chk.write_text(name, batch.text(self._epoch))
-        older = [self._mine] if self._mine is not None else [n for n in _written(self._chk) if n < name] + [LEGACY_FILE]
+        older = [self._mine] if self._mine is not None else [*_written(self._chk), LEGACY_FILE]
         for old in older:
-            if old is not None and old != name:
+            if old < name or old == LEGACY_FILE:
                 self._chk.delete(old)
         self.last, self._mine = batch, name
 

@@ -35,21 +35,16 @@ def poll_select(rlist: Sequence[Any], wlist: Sequence[Any], xlist: Sequence[Any]
     the caller's next read or write raises it. ``xlist`` is not watched (kazoo passes none)."""
     if timeout is not None and timeout < 0:
         raise ValueError("timeout must be non-negative")
-    poller, masks, objs = select.poll(), dict[int, int](), dict[int, list[tuple[bool, Any]]]()
-    for reading, objects in ((True, rlist), (False, wlist)):
-        for obj in objects:
-            fd = obj if isinstance(obj, int) else obj.fileno()
-            masks[fd] = masks.get(fd, 0) | (_READABLE if reading else select.POLLOUT)
-            objs.setdefault(fd, []).append((reading, obj))
+    watched = [(obj, _READABLE, True) for obj in rlist] + [(obj, select.POLLOUT, False) for obj in wlist]
+    poller, masks = select.poll(), dict[int, int]()
+    for obj, mask, _ in watched:
+        fd = obj.fileno()
+        masks[fd] = masks.get(fd, 0) | mask
     for fd, mask in masks.items():
         poller.register(fd, mask)
-    readable: list[Any] = []
-    writable: list[Any] = []
-    for fd, events in poller.poll(None if timeout is None else math.ceil(timeout * 1000)):
-        for reading, obj in objs[fd]:
-            if events & (_FAILED | (_READABLE if reading else select.POLLOUT)):
-                (readable if reading else writable).append(obj)
-    return readable, writable, []
+    ready = dict(poller.poll(None if timeout is None else math.ceil(timeout * 1000)))
+    hits = [(obj, reading) for obj, mask, reading in watched if ready.get(obj.fileno(), 0) & (mask | _FAILED)]
+    return [o for o, r in hits if r], [o for o, r in hits if not r], []
 
 
 class _PollingHandler(SequentialThreadingHandler):  # type: ignore[misc]

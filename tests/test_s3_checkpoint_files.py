@@ -100,6 +100,44 @@ def test_a_cancelled_file_never_appears_and_an_existing_one_is_not_overwritten(s
     stream.close()
 
 
+def test_of_two_writers_of_one_offset_file_only_the_first_lands(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    """A zombie query and its successor both write ``offsets/7`` (the zombie paused between its
+    checks and its upload): the object store refuses the second upload, as a local folder's link
+    refuses it, and the file keeps the first writer's content."""
+    uri = f"s3a://{s3_bucket}/cfm-{uuid.uuid4().hex[:8]}/offsets/7"
+    j = jvm(spark)
+    path = j.org.apache.hadoop.fs.Path(uri)
+    first, second = _manager(spark, uri), _manager(spark, uri)
+    a, b = first.createAtomic(path, False), second.createAtomic(path, False)  # both checks pass
+    a.write(bytearray(b"successor"))
+    b.write(bytearray(b"zombie"))
+    a.close()
+    with pytest.raises(Py4JJavaError) as err:
+        b.close()
+    assert "FileAlreadyExistsException" in str(err.value.java_exception.getClass().getName())
+    stream = first.open(path)
+    assert j.org.apache.commons.io.IOUtils.toString(stream, "UTF-8") == "successor"
+    stream.close()
+
+
+def test_a_store_without_conditional_writes_gets_the_probe(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    """``fs.s3a.create.conditional.enabled=false``: the file is written, and one that is there is
+    refused before the upload, by S3A's existence probe."""
+    j = jvm(spark)
+    uri = f"s3a://{s3_bucket}/cfm-{uuid.uuid4().hex[:8]}/offsets/0"
+    conf = jsession(spark).sessionState().newHadoopConf()
+    conf.set("fs.s3a.create.conditional.enabled", "false")
+    conf.set("fs.s3a.impl.disable.cache", "true")  # a file system of its own, with the setting
+    path = j.org.apache.hadoop.fs.Path(uri)
+    mgr = j.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager.create(path, conf)
+    out = mgr.createAtomic(path, False)
+    out.write(bytearray(b"v1"))
+    out.close()
+    with pytest.raises(Py4JJavaError, match="FileAlreadyExistsException"):
+        mgr.createAtomic(path, False)
+    mgr.fs().close()
+
+
 def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
     """Delta's N.crc is written once, after commit N, from that version's state: it is one PUT
     with no existence probe (a HEAD and a LIST on S3A), uploaded in the background. Any other file

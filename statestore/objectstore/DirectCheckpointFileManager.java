@@ -25,10 +25,13 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
  * streaming query's offset and commit logs, the state stores' files, and Delta's checksum file
  * (N.crc) after every commit. The file is atomic as before: S3A uploads it at close, in one PUT
  * (or a multipart upload completed at close), so a reader sees all of it or nothing; {@code
- * cancel()} aborts the upload and nothing appears. "Must not exist" is checked by S3A's
- * {@code create(path, false)} before the upload, as S3A's rename checks the destination before
- * its copy: neither is a put-if-absent between two writers, and nothing in deltawheel rests on it
- * (a second copy of a job is kept off its checkpoint by the leases, docs/fencing.md).
+ * cancel()} aborts the upload and nothing appears. "Must not exist" (an offset or commit log's
+ * next file) is an existence probe, then the upload's {@code If-None-Match: *}: the store refuses
+ * it when the file is there, whoever put it since the probe, so a zombie query paused between its
+ * checks and its upload cannot replace its successor's offsets (Spark takes the
+ * FileAlreadyExistsException for a concurrent query and stops). With {@code
+ * fs.s3a.create.conditional.enabled=false} (a store that refuses the header) only the probe is
+ * left, which a racing writer passes.
  *
  * <p>A checksum file's upload runs in the background: Delta writes it after the commit, on the
  * committing thread, and it costs the commit a PUT's round trips (two with S3's
@@ -53,6 +56,12 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
 
     /** S3A's create option that skips the overwrite and parent-directory probes. */
     static final String PERFORMANCE = "fs.s3a.create.performance";
+
+    /** Hadoop's create option for a put-if-absent upload (S3A: {@code If-None-Match: *}). */
+    static final String CONDITIONAL = "fs.option.create.conditional.overwrite";
+
+    /** S3A's switch for conditional writes (on by default; off for a store without them). */
+    static final String CONDITIONAL_ENABLED = "fs.s3a.create.conditional.enabled";
 
     /** A Delta checksum file: {@code _delta_log/<20 digits>.crc}. */
     static boolean checksum(Path path) {
@@ -101,9 +110,20 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
                 // HEAD and a LIST), as the log store writes N.json
                 org.apache.hadoop.fs.FSDataOutputStreamBuilder<?, ?> b = fs.createFile(path).overwrite(true);
                 b.opt(PERFORMANCE, true);
-                return new InPlace(b.build(), path, true);
+                return new InPlace(b.build(), path, true, false);
             }
-            return new InPlace(fs.create(path, overwriteIfPossible), path, false);
+            if (overwriteIfPossible || !fs.getConf().getBoolean(CONDITIONAL_ENABLED, true)) {
+                // a store without conditional writes: S3A's existence probe before the upload
+                return new InPlace(fs.create(path, overwriteIfPossible), path, false, false);
+            }
+            // the probe refuses a file that is there on any store (one ignoring If-None-Match too);
+            // the upload's If-None-Match refuses one a second writer put there since the probe
+            if (fs.exists(path)) {
+                throw new org.apache.hadoop.fs.FileAlreadyExistsException(path + " already exists");
+            }
+            org.apache.hadoop.fs.FSDataOutputStreamBuilder<?, ?> b = fs.createFile(path).overwrite(false);
+            b.opt(CONDITIONAL, true);
+            return new InPlace(b.build(), path, false, true);
         } catch (IOException e) {
             // FileAlreadyExistsException must reach Spark as it is (its metadata logs report a
             // concurrent writer by it); the Scala signature declares nothing
@@ -135,13 +155,15 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
         private final FSDataOutputStream out;
         private final Path path;
         private final boolean background;
+        private final boolean ifAbsent;
         private boolean finished;
 
-        InPlace(FSDataOutputStream out, Path path, boolean background) {
+        InPlace(FSDataOutputStream out, Path path, boolean background, boolean ifAbsent) {
             super(out);
             this.out = out;
             this.path = path;
             this.background = background;
+            this.ifAbsent = ifAbsent;
         }
 
         @Override
@@ -162,7 +184,17 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
                 });
                 return;
             }
-            out.close();  // the upload: the file is visible once this returns
+            try {
+                out.close();  // the upload: the file is visible once this returns
+            } catch (IOException e) {
+                // S3A reports a refused If-None-Match (412) as a changed remote file; Spark's logs
+                // know a concurrent writer by FileAlreadyExistsException
+                if (ifAbsent && "org.apache.hadoop.fs.s3a.RemoteFileChangedException".equals(e.getClass().getName())) {
+                    throw (IOException) new org.apache.hadoop.fs.FileAlreadyExistsException(
+                            path + " already exists: another writer put it first").initCause(e);
+                }
+                throw e;
+            }
         }
 
         @Override

@@ -27,7 +27,10 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ("statestore/session/ExclusiveLocalLogStore.java", "statestore/objectstore/ZkS3LogStore.java",
-           "statestore/objectstore/DirectCheckpointFileManager.java", "statestore/delta/TxnCommit.java")
+           "statestore/objectstore/DirectCheckpointFileManager.java", "statestore/delta/TxnCommit.java",
+           "statestore/objectstore/NoExpectContinue.java")
+# compiled against the AWS SDK too (its interceptor interface): the jars S3A brings, statestore/objectstore/s3a.py
+SDK_SOURCES = {"statestore/objectstore/NoExpectContinue.java": ("sdk-core", "http-client-spi", "utils")}
 
 
 def _delta_version() -> str:
@@ -37,16 +40,26 @@ def _delta_version() -> str:
     return m.group(1)
 
 
-def _delta_jar(artifact: str, version: str) -> Path:
+def _delta_jar(artifact: str, version: str, *, group: str = "io/delta", env: str = "DELTAWHEEL_JARS_DIR",
+               folder: str = "jars") -> Path:
     name = f"{artifact}-{version}.jar"
-    cache = Path(os.environ.get("DELTAWHEEL_JARS_DIR") or Path.home() / ".cache" / "deltawheel" / "jars")
+    cache = Path(os.environ.get(env) or Path.home() / ".cache" / "deltawheel" / folder)
     if (cache / name).exists():
         return cache / name
     dest = Path(tempfile.mkdtemp()) / name
     repo = os.environ.get("DELTAWHEEL_MAVEN_REPO", "https://repo1.maven.org/maven2")
-    with urllib.request.urlopen(f"{repo}/io/delta/{artifact}/{version}/{name}", timeout=120) as resp:
+    with urllib.request.urlopen(f"{repo}/{group}/{artifact}/{version}/{name}", timeout=120) as resp:
         dest.write_bytes(resp.read())
     return dest
+
+
+def _sdk_jars(artifacts: tuple[str, ...]) -> list[Path]:
+    """AWS SDK v2 jars of the version S3A uses (``_SDK`` in s3a.py), from the S3 jar cache or Maven Central."""
+    m = re.search(r'^_SDK = "([^"]+)"', (HERE / "statestore" / "objectstore" / "s3a.py").read_text(), re.M)
+    if m is None:
+        raise SystemExit("setup.py: _SDK not found in statestore/objectstore/s3a.py")
+    return [_delta_jar(a, m.group(1), group="software/amazon/awssdk", env="DELTAWHEEL_S3_JARS_DIR",
+                       folder="s3-jars") for a in artifacts]
 
 
 def build_jars(out: Path) -> list[Path]:
@@ -73,8 +86,9 @@ def build_jars(out: Path) -> list[Path]:
         digest = hashlib.sha256(source.read_bytes())
         digest.update(f"delta-storage {delta} pyspark {pyspark.__version__}".encode())
         dest = out / f"deltawheel-logstore-{digest.hexdigest()[:12]}.jar"
+        full = os.pathsep.join([*(str(j) for j in _sdk_jars(SDK_SOURCES[rel])), cp]) if rel in SDK_SOURCES else cp
         with tempfile.TemporaryDirectory() as classes:
-            subprocess.run([javac, "--release", "17", "-nowarn", "-cp", cp, "-d", classes, str(source)], check=True)
+            subprocess.run([javac, "--release", "17", "-nowarn", "-cp", full, "-d", classes, str(source)], check=True)
             with zipfile.ZipFile(dest, "w") as z:
                 for f in sorted(Path(classes).rglob("*.class")):
                     z.write(f, f.relative_to(classes).as_posix())

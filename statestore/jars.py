@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from .exceptions import JarFetchError
@@ -109,10 +110,12 @@ def ensure_delta_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> l
             for group, artifact, version in DELTA_JARS]
 
 
-def compile_jar(source: Path, jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
+def compile_jar(source: Path, jars_dir: Path | None = None, *, quiet: bool = False,
+                classpath: Sequence[Path] = ()) -> Path | None:
     """The jar of one of deltawheel's Java classes for Delta and Spark, compiled once from ``source``
     (named by the digest of the source and the jars compiled against; a wheel's bundled jar of that
-    name is used as it is). None (with a warning) when no ``javac`` is installed.
+    name is used as it is), with ``classpath`` (pinned jars) added to Spark's and Delta's.
+    None (with a warning) when no ``javac`` is installed.
     Raises JarFetchError: ``javac`` failed, or the Delta jars could not be fetched."""
     import zipfile
 
@@ -135,7 +138,8 @@ def compile_jar(source: Path, jars_dir: Path | None = None, *, quiet: bool = Fal
               "(its put-if-absent of commit files holds within one JVM only)", file=sys.stderr)
         return None
     delta = [p for p in ensure_delta_jars(jars_dir, quiet=quiet) if p.name.startswith(("delta-storage-", "delta-spark_"))]
-    cp = os.pathsep.join([*(str(p) for p in delta), str(Path(pyspark.__file__).parent / "jars" / "*")])
+    cp = os.pathsep.join([*(str(p) for p in delta), *(str(p) for p in classpath),
+                          str(Path(pyspark.__file__).parent / "jars" / "*")])
     if not quiet:
         print(f"deltawheel: compiling {source.name}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as out:

@@ -15,8 +15,9 @@ from ..exceptions import ConfigError
 from ..jars import compile_jar
 from .s3a import set_hadoop
 
-__all__ = ["ZK_LOG_STORE_CLASS", "DIRECT_CHECKPOINT_MANAGER_CLASS", "ensure_zk_log_store_jar",
-           "ensure_checkpoint_manager_jar", "configure_log_store", "hold_log_store", "log_store_restored",
+__all__ = ["ZK_LOG_STORE_CLASS", "DIRECT_CHECKPOINT_MANAGER_CLASS", "NO_EXPECT_CONTINUE_CLASS",
+           "NO_EXPECT_CONTINUE_CONF", "ensure_zk_log_store_jar", "ensure_checkpoint_manager_jar",
+           "ensure_interceptor_jar", "configure_log_store", "hold_log_store", "log_store_restored",
            "log_store_settings",
            "CONNECT_KEY", "NAMESPACE_KEY", "DIGEST_KEY"]
 
@@ -28,6 +29,12 @@ _SOURCE = Path(__file__).with_name("ZkS3LogStore.java")
 # Spark's checkpoint file manager for s3a:// paths, writing in place (docs/objectstore.md)
 DIRECT_CHECKPOINT_MANAGER_CLASS = "io.deltawheel.storage.DirectCheckpointFileManager"
 _CHECKPOINT_SOURCE = Path(__file__).with_name("DirectCheckpointFileManager.java")
+# small uploads without Expect: 100-continue, one round trip instead of two (docs/objectstore.md)
+NO_EXPECT_CONTINUE_CLASS = "io.deltawheel.storage.NoExpectContinue"
+# the interceptor takes the SDK's header off small uploads; the setting stops the HTTP client adding its own
+NO_EXPECT_CONTINUE_CONF = {"spark.hadoop.fs.s3a.audit.execution.interceptors": NO_EXPECT_CONTINUE_CLASS,
+                           "spark.hadoop.fs.s3a.connection.expect.continue": "false"}
+_INTERCEPTOR_SOURCE = Path(__file__).with_name("NoExpectContinue.java")
 
 
 def ensure_zk_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
@@ -38,6 +45,13 @@ def ensure_zk_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False
 def ensure_checkpoint_manager_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
     """The compiled jar of ``DirectCheckpointFileManager.java`` (None when there is no javac)."""
     return compile_jar(_CHECKPOINT_SOURCE, jars_dir, quiet=quiet)
+
+
+def ensure_interceptor_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
+    """The compiled jar of ``NoExpectContinue.java``, against the S3A jars (None when there is no javac)."""
+    from .s3a import ensure_s3a_jars
+
+    return compile_jar(_INTERCEPTOR_SOURCE, jars_dir, quiet=quiet, classpath=ensure_s3a_jars(quiet=quiet))
 
 
 def log_store_settings(hosts: str, *, chroot: str = "/deltawheel", digest: str | None = None) -> dict[str, str]:

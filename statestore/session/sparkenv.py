@@ -133,11 +133,17 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     if store_jar is not None:  # commits to local tables: put-if-absent across processes
         builder = builder.config("spark.delta.logStore.file.impl", LOG_STORE_CLASS)
     if s3_jars:  # commits to s3a:// tables: arbitrated by ZooKeeper across processes
-        from ..objectstore.logstore import DIRECT_CHECKPOINT_MANAGER_CLASS, ZK_LOG_STORE_CLASS
+        from ..objectstore.logstore import (
+            DIRECT_CHECKPOINT_MANAGER_CLASS,
+            NO_EXPECT_CONTINUE_CONF,
+            ZK_LOG_STORE_CLASS,
+        )
 
         builder = builder.config("spark.delta.logStore.s3a.impl", ZK_LOG_STORE_CLASS)
         # checkpoint files on s3a:// written in place, one PUT (docs/objectstore.md); local ones unforked
         builder = builder.config("spark.sql.streaming.checkpointFileManagerClass", DIRECT_CHECKPOINT_MANAGER_CLASS)
+        for key, value in NO_EXPECT_CONTINUE_CONF.items():  # settings.extra may replace them
+            builder = builder.config(key, value)
     if settings.hive_support:
         builder = builder.config("spark.sql.catalogImplementation", "hive").config(
             "spark.hadoop.javax.jdo.option.ConnectionURL",
@@ -235,19 +241,23 @@ def _object_store_jars(wanted: bool | None) -> list[Path]:
     """The S3A jars for ``SparkSettings.object_store`` (docs/objectstore.md)."""
     if wanted is False:
         return []
-    from ..objectstore.logstore import ensure_checkpoint_manager_jar, ensure_zk_log_store_jar
+    from ..objectstore.logstore import (
+        ensure_checkpoint_manager_jar,
+        ensure_interceptor_jar,
+        ensure_zk_log_store_jar,
+    )
     from ..objectstore.s3a import ensure_s3a_jars, s3a_jars_present
 
     jars = ensure_s3a_jars() if wanted else s3a_jars_present()
     if not jars:
         return []
     store = ensure_zk_log_store_jar()
-    manager = ensure_checkpoint_manager_jar() if store is not None else None
-    if (store is None or manager is None) and wanted:  # no javac: no object-store tables, not unsafe commits
+    ours = [store, ensure_checkpoint_manager_jar(), ensure_interceptor_jar()] if store is not None else [None]
+    if None in ours and wanted:  # no javac: no object-store tables, not unsafe commits
         raise JarFetchError("object-store tables need deltawheel's log store for s3a://, compiled with "
                             "javac: install a JDK (17+) or build the session with "
                             "SparkSettings(object_store=None)")
-    return [] if store is None or manager is None else [*jars, store, manager]
+    return [] if None in ours else [*jars, *(j for j in ours if j is not None)]
 
 
 def _object_store_conf() -> dict[str, str]:

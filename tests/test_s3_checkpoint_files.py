@@ -93,8 +93,10 @@ def test_a_cancelled_file_never_appears_and_an_existing_one_is_not_overwritten(s
     out.write(bytearray(b"v1"))
     out.close()
     assert mgr.exists(path)
-    with pytest.raises(Py4JJavaError) as err:
-        mgr.createAtomic(path, False)
+    refused = mgr.createAtomic(path, False)
+    refused.write(bytearray(b"v0"))
+    with pytest.raises(Py4JJavaError) as err:  # the upload's If-None-Match refuses it
+        refused.close()
     assert "FileAlreadyExistsException" in str(err.value.java_exception.getClass().getName())
     again = mgr.createAtomic(path, True)  # overwriting is allowed when asked for
     again.write(bytearray(b"v2"))
@@ -144,9 +146,10 @@ def test_a_store_without_conditional_writes_gets_the_probe(spark, s3_bucket) -> 
 
 def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
     """Delta's N.crc is written once, after commit N, from that version's state: it is one PUT
-    with no existence probe (a HEAD and a LIST on S3A), uploaded in the background. Any other file
-    (a query's offset log) keeps the probe that refuses to overwrite it; so does a file in a
-    table's log that is not a checksum."""
+    with no existence probe (a HEAD and a LIST on S3A), uploaded in the background. A file that
+    must not be overwritten (a query's offset log, a table log's file that is not a checksum) is
+    one PUT too, refused by the store when the file is there. Spark's check that a log's next
+    file is not there yet is one HEAD."""
     j = jvm(spark)
     base = f"s3a://{s3_bucket}/cfm-{uuid.uuid4().hex[:8]}"
 
@@ -176,10 +179,22 @@ def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket) -> No
     threads = j.java.lang.Thread.getAllStackTraces().keySet().toArray()
     assert "deltawheel-checksum-upload" in {str(t.getName()) for t in threads}  # not the committing thread
     assert write(f"t/_delta_log/{3:020d}.crc", b'{"tableSizeBytes": 1}') == (0, 0, 1)  # rewritten, not refused
-    heads, lists, puts = write("q/offsets/0", b"v1")
-    assert puts == 1 and heads + lists >= 1  # the no-overwrite probe
-    heads, lists, puts = write("t/_delta_log/_last_checkpoint", b"{}")
-    assert puts == 1 and heads + lists >= 1
+    assert write("q/offsets/0", b"v1") == (0, 0, 1)
+    assert write("t/_delta_log/_last_checkpoint", b"{}") == (0, 0, 1)
+    for rel in ("q/offsets/0", "t/_delta_log/_last_checkpoint"):  # refused, not rewritten as a checksum is
+        out = _manager(spark, f"{base}/{rel}").createAtomic(j.org.apache.hadoop.fs.Path(f"{base}/{rel}"), False)
+        out.write(bytearray(b"again"))
+        with pytest.raises(Py4JJavaError, match="FileAlreadyExistsException"):
+            out.close()
+    mgr = _manager(spark, f"{base}/q/offsets/1")
+    for rel, there in (("q/offsets/1", False), ("q/offsets/0", True)):
+        before = [_stat(mgr.fs(), c) for c in ("object_metadata_request", "object_list_request")]
+        assert mgr.exists(j.org.apache.hadoop.fs.Path(f"{base}/{rel}")) is there
+        after = [_stat(mgr.fs(), c) for c in ("object_metadata_request", "object_list_request")]
+        assert [a - b for a, b in zip(after, before, strict=True)] == [1, 0], rel  # one HEAD, no LIST
+    assert mgr.exists(j.org.apache.hadoop.fs.Path(f"{base}/q/offsets"))  # a folder: S3A's own probes
+    assert write("q/sources/0/0", b"v1") == (0, 0, 1)
+    assert mgr.exists(j.org.apache.hadoop.fs.Path(f"{base}/q/sources/0"))  # a source log's folder, named 0
     stream = _fs(spark, base).open(j.org.apache.hadoop.fs.Path(f"{base}/t/_delta_log/{3:020d}.crc"))
     assert j.org.apache.commons.io.IOUtils.toString(stream, "UTF-8") == '{"tableSizeBytes": 1}'
     stream.close()

@@ -16,22 +16,20 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
  * Spark's checkpoint file manager for object stores whose writes become visible whole, at close
  * ({@code s3a://}): {@code createAtomic} writes the file in place instead of writing a temporary
  * file and renaming it. On S3A a rename is a copy and a delete after several existence probes,
- * so the rename-based manager costs 6-8 requests per file; this one costs an existence probe
- * (when the file must not be overwritten) and the PUT, and Delta's checksum files only the PUT
- * (a version's checksum is written once, from that version's state: a second writer of it
- * writes the same content).
+ * so the rename-based manager costs 6-8 requests per file; this one costs the PUT (a version's
+ * checksum is written once, from that version's state: a second writer of it writes the same
+ * content), and Spark's existence check of a log's next file one HEAD instead of a HEAD and a LIST.
  *
  * <p>Every file Spark and Delta write through a checkpoint file manager goes through it: the
  * streaming query's offset and commit logs, the state stores' files, and Delta's checksum file
  * (N.crc) after every commit. The file is atomic as before: S3A uploads it at close, in one PUT
  * (or a multipart upload completed at close), so a reader sees all of it or nothing; {@code
  * cancel()} aborts the upload and nothing appears. "Must not exist" (an offset or commit log's
- * next file) is an existence probe, then the upload's {@code If-None-Match: *}: the store refuses
- * it when the file is there, whoever put it since the probe, so a zombie query paused between its
- * checks and its upload cannot replace its successor's offsets (Spark takes the
- * FileAlreadyExistsException for a concurrent query and stops). With {@code
- * fs.s3a.create.conditional.enabled=false} (a store that refuses the header) only the probe is
- * left, which a racing writer passes.
+ * next file) is the upload's {@code If-None-Match: *}: the store refuses it when the file is
+ * there, whoever put it, so a zombie query paused between its checks and its upload cannot
+ * replace its successor's offsets (Spark takes the FileAlreadyExistsException for a concurrent
+ * query and stops). With {@code fs.s3a.create.conditional.enabled=false} (a store that refuses the
+ * header) it is S3A's existence probe before the upload, which a racing writer passes.
  *
  * <p>A checksum file's upload runs in the background: Delta writes it after the commit, on the
  * committing thread, and it costs the commit a PUT's round trips (two with S3's
@@ -67,6 +65,13 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
     static boolean checksum(Path path) {
         Path parent = path.getParent();
         return parent != null && "_delta_log".equals(parent.getName()) && path.getName().matches("\\d{20}\\.crc");
+    }
+
+    /** A file of a query's offset or commit log: {@code offsets/<digits>}, {@code commits/<digits>}. */
+    static boolean batchFile(Path path) {
+        Path parent = path.getParent();
+        return parent != null && ("offsets".equals(parent.getName()) || "commits".equals(parent.getName()))
+                && path.getName().matches("\\d+");
     }
 
     /** Checksum uploads: a thread each, at most 16, then the caller's own thread. */
@@ -116,11 +121,8 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
                 // a store without conditional writes: S3A's existence probe before the upload
                 return new InPlace(fs.create(path, overwriteIfPossible), path, false, false);
             }
-            // the probe refuses a file that is there on any store (one ignoring If-None-Match too);
-            // the upload's If-None-Match refuses one a second writer put there since the probe
-            if (fs.exists(path)) {
-                throw new org.apache.hadoop.fs.FileAlreadyExistsException(path + " already exists");
-            }
+            // one PUT with If-None-Match, no probe before it: the store refuses the upload if the
+            // file is there, whoever put it and when (Spark's logs check exists() first anyway)
             org.apache.hadoop.fs.FSDataOutputStreamBuilder<?, ?> b = fs.createFile(path).overwrite(false);
             b.opt(CONDITIONAL, true);
             return new InPlace(b.build(), path, false, true);
@@ -129,6 +131,25 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
             // concurrent writer by it); the Scala signature declares nothing
             throw DirectCheckpointFileManager.<RuntimeException>sneaky(e);
         }
+    }
+
+    /**
+     * On S3A a file of a query's offset or commit log ({@code offsets/<batch id>}, checked before
+     * each write) is looked for with one HEAD: S3A's exists() also lists the key as a directory when
+     * the HEAD finds nothing, a second round trip for the usual answer. Anything else (a folder such
+     * as a source log's {@code sources/0}) keeps S3A's probes.
+     */
+    @Override
+    public boolean exists(Path path) {
+        FileSystem fs = fs();
+        if (direct(fs) && batchFile(path)) {
+            try {
+                return fs.isFile(path);
+            } catch (IOException e) {
+                throw DirectCheckpointFileManager.<RuntimeException>sneaky(e);
+            }
+        }
+        return super.exists(path);
     }
 
     @Override

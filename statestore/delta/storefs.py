@@ -246,7 +246,9 @@ def _put(fs: Any, path: str, data: Any) -> None:
 
 
 _UPLOADS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("deltawheel_uploads", default=None)
-UPLOAD_THREADS = 4
+# the process's uploads at once (threads start as needed): every writer of the process shares them, and
+# with 4, 16 writers at 50 ms per request queued for them (docs/scale.md, "The upload pool")
+UPLOAD_THREADS = 16
 
 
 @_built_once

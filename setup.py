@@ -40,7 +40,7 @@ def _delta_version() -> str:
     return m.group(1)
 
 
-def _delta_jar(artifact: str, version: str, *, group: str = "io/delta", env: str = "DELTAWHEEL_JARS_DIR",
+def _maven_jar(artifact: str, version: str, *, group: str = "io/delta", env: str = "DELTAWHEEL_JARS_DIR",
                folder: str = "jars") -> Path:
     name = f"{artifact}-{version}.jar"
     cache = Path(os.environ.get(env) or Path.home() / ".cache" / "deltawheel" / folder)
@@ -58,7 +58,7 @@ def _sdk_jars(artifacts: tuple[str, ...]) -> list[Path]:
     m = re.search(r'^_SDK = "([^"]+)"', (HERE / "statestore" / "objectstore" / "s3a.py").read_text(), re.M)
     if m is None:
         raise SystemExit("setup.py: _SDK not found in statestore/objectstore/s3a.py")
-    return [_delta_jar(a, m.group(1), group="software/amazon/awssdk", env="DELTAWHEEL_S3_JARS_DIR",
+    return [_maven_jar(a, m.group(1), group="software/amazon/awssdk", env="DELTAWHEEL_S3_JARS_DIR",
                        folder="s3-jars") for a in artifacts]
 
 
@@ -77,7 +77,7 @@ def build_jars(out: Path) -> list[Path]:
     spark_artifact = re.search(r'"(delta-spark_[^"]+)"', (HERE / "statestore" / "jars.py").read_text())
     if spark_artifact is None:
         raise SystemExit("setup.py: the delta-spark artifact not found in statestore/jars.py")
-    cp = os.pathsep.join([str(_delta_jar("delta-storage", delta)), str(_delta_jar(spark_artifact.group(1), delta)),
+    cp = os.pathsep.join([str(_maven_jar("delta-storage", delta)), str(_maven_jar(spark_artifact.group(1), delta)),
                           str(Path(pyspark.__file__).parent / "jars" / "*")])
     out.mkdir(parents=True, exist_ok=True)
     built = []

@@ -83,12 +83,11 @@ def submit_args(*, object_store: bool = False, archive: str | None = None, deplo
     if object_store:
         from deltawheel.statestore.objectstore import logstore, s3a
 
-        ours = [logstore.ensure_zk_log_store_jar(quiet=True), logstore.ensure_checkpoint_manager_jar(quiet=True),
-                logstore.ensure_interceptor_jar(quiet=True)]
-        if None in ours:
+        ours = logstore.object_store_jars(quiet=True)
+        if ours is None:
             raise ConfigError("object-store tables need deltawheel's s3a log store jar: install a wheel of "
                               "deltawheel (it carries the jar) or a JDK for javac")
-        jars += [*s3a.ensure_s3a_jars(quiet=True), *(j for j in ours if j is not None)]
+        jars += [*s3a.ensure_s3a_jars(quiet=True), *ours]
         conf["spark.delta.logStore.s3a.impl"] = logstore.ZK_LOG_STORE_CLASS
         conf["spark.sql.streaming.checkpointFileManagerClass"] = logstore.DIRECT_CHECKPOINT_MANAGER_CLASS
         conf.update(logstore.NO_EXPECT_CONTINUE_CONF)

@@ -17,7 +17,7 @@ from .s3a import set_hadoop
 
 __all__ = ["ZK_LOG_STORE_CLASS", "DIRECT_CHECKPOINT_MANAGER_CLASS", "NO_EXPECT_CONTINUE_CLASS",
            "NO_EXPECT_CONTINUE_CONF", "ensure_zk_log_store_jar", "ensure_checkpoint_manager_jar",
-           "ensure_interceptor_jar", "configure_log_store", "hold_log_store", "log_store_restored",
+           "ensure_interceptor_jar", "object_store_jars", "configure_log_store", "hold_log_store", "log_store_restored",
            "log_store_settings",
            "CONNECT_KEY", "NAMESPACE_KEY", "DIGEST_KEY"]
 
@@ -52,6 +52,17 @@ def ensure_interceptor_jar(jars_dir: Path | None = None, *, quiet: bool = False)
     from .s3a import ensure_s3a_jars
 
     return compile_jar(_INTERCEPTOR_SOURCE, jars_dir, quiet=quiet, classpath=ensure_s3a_jars(quiet=quiet))
+
+
+def object_store_jars(*, quiet: bool = False) -> list[Path] | None:
+    """deltawheel's own jars for ``s3a://`` stores (the log store, the checkpoint file manager, the
+    upload interceptor); None when one cannot be compiled (no javac)."""
+    ours = []
+    for ensure in (ensure_zk_log_store_jar, ensure_checkpoint_manager_jar, ensure_interceptor_jar):
+        if (jar := ensure(quiet=quiet)) is None:  # no javac: the others would not compile either
+            return None
+        ours.append(jar)
+    return ours
 
 
 def log_store_settings(hosts: str, *, chroot: str = "/deltawheel", digest: str | None = None) -> dict[str, str]:

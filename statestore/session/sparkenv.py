@@ -169,10 +169,10 @@ def setup_jars(*, object_store: bool = False, quiet: bool = False) -> list[Path]
     jars = [*ensure_delta_jars(quiet=quiet), ensure_log_store_jar(quiet=quiet), ensure_commit_jar(quiet=quiet)]
     if object_store:
         from ..objectstore import s3a
-        from ..objectstore.logstore import ensure_zk_log_store_jar
+        from ..objectstore.logstore import object_store_jars
 
         jars += [*s3a.ensure_s3a_jars(), s3a.ensure_jar(s3a.S3PROXY_JAR, s3a.default_s3_jars_dir()),
-                 ensure_zk_log_store_jar(quiet=quiet)]
+                 *(object_store_jars(quiet=quiet) or [])]
     return [j for j in jars if j is not None]
 
 
@@ -241,23 +241,18 @@ def _object_store_jars(wanted: bool | None) -> list[Path]:
     """The S3A jars for ``SparkSettings.object_store`` (docs/objectstore.md)."""
     if wanted is False:
         return []
-    from ..objectstore.logstore import (
-        ensure_checkpoint_manager_jar,
-        ensure_interceptor_jar,
-        ensure_zk_log_store_jar,
-    )
+    from ..objectstore.logstore import object_store_jars
     from ..objectstore.s3a import ensure_s3a_jars, s3a_jars_present
 
     jars = ensure_s3a_jars() if wanted else s3a_jars_present()
     if not jars:
         return []
-    store = ensure_zk_log_store_jar()
-    ours = [store, ensure_checkpoint_manager_jar(), ensure_interceptor_jar()] if store is not None else [None]
-    if None in ours and wanted:  # no javac: no object-store tables, not unsafe commits
+    ours = object_store_jars()
+    if ours is None and wanted:  # no javac: no object-store tables, not unsafe commits
         raise JarFetchError("object-store tables need deltawheel's log store for s3a://, compiled with "
                             "javac: install a JDK (17+) or build the session with "
                             "SparkSettings(object_store=None)")
-    return [] if None in ours else [*jars, *(j for j in ours if j is not None)]
+    return [] if ours is None else [*jars, *ours]
 
 
 def _object_store_conf() -> dict[str, str]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +15,7 @@ import pytest
 from deltawheel.statestore.delta.jvm import jsession, jvm
 from deltawheel.statestore.objectstore.logstore import DIRECT_CHECKPOINT_MANAGER_CLASS
 from py4j.protocol import Py4JJavaError
+from wire_util import Relay
 
 pytestmark = [pytest.mark.objectstore, pytest.mark.spark, pytest.mark.zk]
 
@@ -200,39 +199,15 @@ def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket) -> No
     stream.close()
 
 
-def _relay(target: tuple[str, int], seen: bytearray) -> str:
-    """A TCP relay to ``target`` that keeps every byte its clients send in ``seen``; its URL."""
-    server = socket.create_server(("127.0.0.1", 0))
-    lock = threading.Lock()
-
-    def pump(src: socket.socket, dst: socket.socket, record: bool) -> None:
-        with src, dst:
-            while data := src.recv(65536):
-                if record:
-                    with lock:
-                        seen.extend(data)
-                dst.sendall(data)
-
-    def accept() -> None:
-        while True:
-            client, _ = server.accept()
-            upstream = socket.create_connection(target)
-            threading.Thread(target=pump, args=(client, upstream.dup(), True), daemon=True).start()
-            threading.Thread(target=pump, args=(upstream, client.dup(), False), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    return f"http://127.0.0.1:{server.getsockname()[1]}"
-
-
 def test_a_small_upload_goes_without_waiting_for_100_continue(spark, s3_bucket, object_store) -> None:  # type: ignore[no-untyped-def]
     """The AWS SDK asks for ``Expect: 100-continue`` on every upload, a round trip before the body.
     deltawheel's sessions drop it from uploads up to 1 MiB (a commit's files, a query's offsets) and
     keep it for larger ones: seen on the wire, between S3A and S3Proxy."""
     j = jvm(spark)
     url = urlsplit(object_store.endpoint.url)
-    seen = bytearray()
+    relay = Relay((url.hostname or "127.0.0.1", url.port or 80))
     conf = jsession(spark).sessionState().newHadoopConf()
-    conf.set(f"fs.s3a.bucket.{s3_bucket}.endpoint", _relay((url.hostname or "127.0.0.1", url.port or 80), seen))
+    conf.set(f"fs.s3a.bucket.{s3_bucket}.endpoint", f"http://{relay.address}")
     conf.set("fs.s3a.impl.disable.cache", "true")
     base = f"s3a://{s3_bucket}/expect-{uuid.uuid4().hex[:8]}"
     fs = j.org.apache.hadoop.fs.Path(base).getFileSystem(conf)
@@ -242,7 +217,7 @@ def test_a_small_upload_goes_without_waiting_for_100_continue(spark, s3_bucket, 
         out.close()
     fs.close()
     heads = {m.group(1).decode(): m.group(2).lower() for m in
-             re.finditer(rb"PUT /[^ ]*?/(small|large)[ ?][^\r]*\r\n(.*?)\r\n\r\n", bytes(seen), re.S)}
-    assert set(heads) == {"small", "large"}, bytes(seen)[:2000]
+             re.finditer(rb"PUT /[^ ]*?/(small|large)[ ?][^\r]*\r\n(.*?)\r\n\r\n", bytes(relay.seen), re.S)}
+    assert set(heads) == {"small", "large"}, bytes(relay.seen)[:2000]
     assert b"expect: 100-continue" in heads["large"]
     assert b"expect:" not in heads["small"]

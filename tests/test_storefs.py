@@ -96,20 +96,52 @@ def test_a_buckets_settings_are_read_once_and_again_after_they_change(spark) -> 
 
 
 @pytest.mark.objectstore
-def test_an_s3_file_goes_up_in_one_put_and_a_failed_upload_still_raises(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
-    """Files smaller than one part are written with one PUT when the stream closes (no multipart
-    upload: three requests, and on S3Proxy's filesystem backend a stub file made and removed per
-    upload); the upload's failure is then reported by ``write_parquet`` itself, so nothing names a
-    file that did not land."""
-    files = table_files(spark, f"s3a://{s3_bucket}/{uuid.uuid4().hex}/t")
-    assert files is not None
-    options = files.fs.__reduce__()[1][0]
-    assert options["allow_delayed_open"] is True
-    table = pa.table({"n": pa.array([1, 2, 3], pa.int64())})
-    assert files.write_parquet(table, "x.parquet") == files.size("x.parquet") > 0
-    assert files.read_parquet("x.parquet").equals(table)
-    missing = TableFiles(f"no-such-bucket-{uuid.uuid4().hex[:8]}/t", files.s3)
-    with pytest.raises(OSError):
+def test_an_s3_file_goes_up_in_one_put_and_a_failed_upload_still_raises(object_store, s3_bucket, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A new file goes up in one signed PUT without ``Expect: 100-continue`` (pyarrow's client waits
+    for the server's ``100 Continue`` before the body: a round trip more), through a kept-alive
+    connection that is opened again when it was dropped; a file above ``SIGNED_PUT_MAX`` goes
+    through pyarrow. Seen on the wire between the writer and S3Proxy. A refused upload raises from
+    ``write_parquet`` itself, so nothing names a file that did not land."""
+    import re
+    from urllib.parse import urlsplit
+
+    from deltawheel.statestore.delta import storefs
+    from wire_util import Relay
+
+    ep = object_store.endpoint
+    url = urlsplit(ep.url)
+    relay = Relay((url.hostname or "127.0.0.1", url.port or 80))
+    s3 = S3Settings(endpoint=relay.address, scheme="http", access_key=ep.access_key, secret_key=ep.secret_key,
+                    path_style=True)
+    files = TableFiles(f"{s3_bucket}/{uuid.uuid4().hex}/t", s3)
+    direct = TableFiles(files.root, S3Settings(endpoint=url.netloc, scheme="http", access_key=ep.access_key,
+                                               secret_key=ep.secret_key, path_style=True))
+    table = pa.table({"n": pa.array([1, 2, 3], pa.int64()), "s": pa.array(["a", "b=c", "d e"])})
+    names = ["interval=3/part a%+b.parquet", "two.parquet"]
+    assert files.write_parquet(table, names[0]) == direct.size(names[0]) > 0
+    relay.cut()  # the kept-alive connection is gone: the next PUT opens one
+    files.write_text("_delta_log/x.json", '{"add": 1}')
+    files.write_parquet(table, names[1])
+    monkeypatch.setattr(storefs, "SIGNED_PUT_MAX", 10)
+    files.write_parquet(table, "big.parquet")
+    for name in [*names, "big.parquet"]:
+        assert direct.read_parquet(name).equals(table), name
+    assert direct.read_text("_delta_log/x.json") == '{"add": 1}'
+    heads = {m.group(1).decode(): m.group(2).lower() for m in
+             re.finditer(rb"PUT /[^ ]*/t/([^ ?]+)[ ?][^\r]*\r\n(.*?)\r\n\r\n", bytes(relay.seen), re.S)}
+    assert set(heads) == {"interval%3D3/part%20a%25%2Bb.parquet", "_delta_log/x.json", "two.parquet",
+                          "big.parquet"}, bytes(relay.seen)[:3000]
+    for name, head in heads.items():
+        assert (b"expect: 100-continue" in head) is (name == "big.parquet"), name
+    monkeypatch.setattr(storefs, "SIGNED_PUT_MAX", 16 << 20)
+    wrong = TableFiles(files.root, S3Settings(endpoint=url.netloc, scheme="http", access_key=ep.access_key,
+                                              secret_key="wrong", path_style=True))
+    with pytest.raises(OSError, match=r"HTTP 403 \(check fs.s3a.access.key and fs.s3a.secret.key\)"):
+        wrong.write_parquet(table, "x.parquet")
+    with pytest.raises(FileNotFoundError):
+        direct.size("x.parquet")
+    missing = TableFiles(f"no-such-bucket-{uuid.uuid4().hex[:8]}/t", direct.s3)
+    with pytest.raises(OSError, match="NoSuchBucket"):
         missing.write_parquet(table, "x.parquet")
 
 

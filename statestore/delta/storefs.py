@@ -152,7 +152,7 @@ class TableFiles:
     def write_text(self, rel: str, text: str) -> None:
         """Write a small text file whole: one PUT on S3, staged and renamed locally (folder made as needed)."""
         if self.s3 is not None:
-            _put(self.fs, self.path(rel), text.encode("utf-8"))
+            _put(self.s3, self.path(rel), text.encode("utf-8"))
             return
         path = self.path(rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -234,15 +234,91 @@ class TableFiles:
         data = sink.getvalue()
         pending = _UPLOADS.get()
         if pending is None:
-            _put(self.fs, self.path(rel), data)
+            _put(self.s3, self.path(rel), data)
         else:  # background_uploads: the block's end waits for it
-            pending.append(_pool().submit(_put, self.fs, self.path(rel), data))
+            pending.append(_pool().submit(_put, self.s3, self.path(rel), data))
         return int(data.size)
 
 
-def _put(fs: Any, path: str, data: Any) -> None:
-    with fs.open_output_stream(path) as out:  # closing waits for the upload
+# a file up to this size with the store's keys set goes up in one signed PUT of our own; pyarrow's S3 client
+# sends ``Expect: 100-continue`` on every upload and waits for the answer before the body (two round trips,
+# and it has no setting for it); larger files keep pyarrow's parallel multipart upload
+SIGNED_PUT_MAX = 16 << 20
+_CONNECTIONS = threading.local()  # a thread's kept-alive connections, by (scheme, host)
+
+
+def _put(s3: S3Settings, path: str, data: Any) -> None:
+    if s3.access_key and s3.secret_key and len(data) <= SIGNED_PUT_MAX:
+        signed_put(s3, path, memoryview(data))
+        return
+    with _s3(s3).open_output_stream(path) as out:  # closing waits for the upload
         out.write(data)
+
+
+def signed_put(s3: S3Settings, path: str, body: bytes | memoryview, *, attempts: int = 4) -> None:
+    """PUT ``body`` as ``path`` (``bucket/key``) in one request signed with AWS signature version 4, no
+    ``Expect``; a dropped connection or a 5xx answer is tried again (the key is the writer's own), other
+    answers raise ``OSError``."""
+    import hashlib
+    import http.client
+    import ssl
+    import time
+    from urllib.parse import quote
+
+    bucket, _, key = path.partition("/")
+    region = s3.region or "us-east-1"
+    if s3.endpoint is None:
+        host, uri = f"{bucket}.s3.{region}.amazonaws.com", f"/{key}"
+    else:
+        host, uri = (s3.endpoint, f"/{bucket}/{key}") if s3.path_style else (f"{bucket}.{s3.endpoint}", f"/{key}")
+    uri = quote(uri, safe="/-_.~")
+    digest = hashlib.sha256(body).hexdigest()
+    conns = _CONNECTIONS.__dict__.setdefault("by_host", {})
+    for attempt in range(attempts):
+        headers = _sigv4(s3, host, uri, region, digest, time.gmtime())
+        headers["Content-Length"] = str(len(body))
+        conn = conns.get((s3.scheme, host))
+        if conn is None:
+            conn = (http.client.HTTPSConnection(host, timeout=60, context=ssl.create_default_context(
+                cafile=os.environ.get("AWS_CA_BUNDLE"))) if s3.scheme == "https"
+                    else http.client.HTTPConnection(host, timeout=60))
+            conns[(s3.scheme, host)] = conn
+        try:
+            conn.request("PUT", uri, body=body, headers=headers)
+            resp = conn.getresponse()
+            text = resp.read().decode("utf-8", "replace")
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            conns.pop((s3.scheme, host), None)
+            if attempt + 1 == attempts:
+                raise OSError(f"PUT s3a://{path} to {host} failed: {exc}") from exc
+            continue
+        if resp.status < 300:
+            return
+        if resp.status < 500 or attempt + 1 == attempts:
+            hint = " (check fs.s3a.access.key and fs.s3a.secret.key)" if resp.status in (401, 403) else ""
+            raise OSError(f"PUT s3a://{path} to {host} failed: HTTP {resp.status}{hint} {text[:300]}")
+        time.sleep(0.1 * 2 ** attempt)
+
+
+def _sigv4(s3: S3Settings, host: str, uri: str, region: str, digest: str, now: Any) -> dict[str, str]:
+    import hashlib
+    import hmac
+    import time
+
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", now)
+    headers = {"host": host, "x-amz-content-sha256": digest, "x-amz-date": stamp}
+    names = ";".join(sorted(headers))
+    canonical = "\n".join(["PUT", uri, "", *(f"{k}:{headers[k]}" for k in sorted(headers)), "", names, digest])
+    scope = f"{stamp[:8]}/{region}/s3/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    key = f"AWS4{s3.secret_key}".encode()
+    for part in (stamp[:8], region, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    headers["Authorization"] = (f"AWS4-HMAC-SHA256 Credential={s3.access_key}/{scope}, SignedHeaders={names}, "
+                                f"Signature={signature}")
+    return headers
 
 
 _UPLOADS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("deltawheel_uploads", default=None)

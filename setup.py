@@ -28,9 +28,10 @@ from setuptools.command.build_py import build_py
 HERE = Path(__file__).resolve().parent
 SOURCES = ("statestore/session/ExclusiveLocalLogStore.java", "statestore/objectstore/ZkS3LogStore.java",
            "statestore/objectstore/DirectCheckpointFileManager.java", "statestore/delta/TxnCommit.java",
-           "statestore/objectstore/NoExpectContinue.java")
-# compiled against the AWS SDK too (its interceptor interface): the jars S3A brings, statestore/objectstore/s3a.py
-SDK_SOURCES = {"statestore/objectstore/NoExpectContinue.java": ("sdk-core", "http-client-spi", "utils")}
+           "statestore/objectstore/NoExpectContinue.java", "statestore/objectstore/CommitStatusS3AFileSystem.java")
+# compiled against jars S3A brings too (statestore/objectstore/s3a.py): the AWS SDK's interceptor interface, S3A
+SDK_SOURCES = {"statestore/objectstore/NoExpectContinue.java": ("sdk-core", "http-client-spi", "utils"),
+               "statestore/objectstore/CommitStatusS3AFileSystem.java": ("hadoop-aws",)}
 
 
 def _delta_version() -> str:
@@ -53,13 +54,19 @@ def _maven_jar(artifact: str, version: str, *, group: str = "io/delta", env: str
     return dest
 
 
-def _sdk_jars(artifacts: tuple[str, ...]) -> list[Path]:
-    """AWS SDK v2 jars of the version S3A uses (``_SDK`` in s3a.py), from the S3 jar cache or Maven Central."""
-    m = re.search(r'^_SDK = "([^"]+)"', (HERE / "statestore" / "objectstore" / "s3a.py").read_text(), re.M)
-    if m is None:
-        raise SystemExit("setup.py: _SDK not found in statestore/objectstore/s3a.py")
-    return [_maven_jar(a, m.group(1), group="software/amazon/awssdk", env="DELTAWHEEL_S3_JARS_DIR",
-                       folder="s3-jars") for a in artifacts]
+def _s3a_jars(artifacts: tuple[str, ...]) -> list[Path]:
+    """Jars of S3A's set (``S3A_JARS`` in s3a.py, at its versions), from the S3 jar cache or Maven Central."""
+    text = (HERE / "statestore" / "objectstore" / "s3a.py").read_text()
+    consts = dict(re.findall(r'^(_AWS|_SDK) = "([^"]+)"', text, re.M))
+    out = []
+    for artifact in artifacts:
+        m = re.search(rf'\((_AWS|"[^"]+"), "{artifact}", (_SDK|"[^"]+"),', text)
+        if m is None:
+            raise SystemExit(f"setup.py: {artifact} not found in S3A_JARS of statestore/objectstore/s3a.py")
+        group, version = (consts.get(v) or v.strip('"') for v in m.groups())
+        out.append(_maven_jar(artifact, version, group=group.replace(".", "/"), env="DELTAWHEEL_S3_JARS_DIR",
+                              folder="s3-jars"))
+    return out
 
 
 def build_jars(out: Path) -> list[Path]:
@@ -86,7 +93,7 @@ def build_jars(out: Path) -> list[Path]:
         digest = hashlib.sha256(source.read_bytes())
         digest.update(f"delta-storage {delta} pyspark {pyspark.__version__}".encode())
         dest = out / f"deltawheel-logstore-{digest.hexdigest()[:12]}.jar"
-        full = os.pathsep.join([*(str(j) for j in _sdk_jars(SDK_SOURCES[rel])), cp]) if rel in SDK_SOURCES else cp
+        full = os.pathsep.join([*(str(j) for j in _s3a_jars(SDK_SOURCES[rel])), cp]) if rel in SDK_SOURCES else cp
         with tempfile.TemporaryDirectory() as classes:
             subprocess.run([javac, "--release", "17", "-nowarn", "-cp", full, "-d", classes, str(source)], check=True)
             with zipfile.ZipFile(dest, "w") as z:

@@ -516,3 +516,34 @@ def test_a_commit_after_this_process_s_own_makes_one_put_and_no_probe(spark, s3_
     closed.set("deltawheel.logstore.expirationDelaySeconds", "0")  # no window: probe every time
     heads, puts = write(3, closed)
     assert heads >= 1 and puts == 1
+
+
+def test_delta_takes_a_commit_file_s_status_from_the_log_store_not_a_head(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    """After writing ``N.json`` Delta asks for its status. The session's S3A answers that once from
+    what the log store wrote (no HEAD); asked again, or for another file, it asks the store. The
+    table's snapshot after the commit carries the file's true length."""
+    j = jvm(spark)
+    path = f"s3a://{s3_bucket}/status-{uuid.uuid4().hex[:8]}"
+    spark.range(3).write.format("delta").save(path)
+    log = j.org.apache.spark.sql.delta.DeltaLog.forTable(jsession(spark), path)
+    fs = j.org.apache.hadoop.fs.Path(path).getFileSystem(log.newDeltaHadoopConf())
+    assert fs.getClass().getName() == "io.deltawheel.storage.CommitStatusS3AFileSystem"
+
+    def heads() -> int:
+        v = fs.getStorageStatistics().getLong("object_metadata_request")
+        return int(v) if v is not None else 0
+
+    from deltawheel.statestore.delta.txn import TableLog
+
+    before, started = heads(), int(time.time() * 1000)
+    # the writers' way: on the snapshot of their last commit, without listing the log
+    assert TableLog(spark, path).commit(app_versions={"status-test": 1}, known_version=0) == 1
+    assert heads() - before == 0
+    commit = j.org.apache.hadoop.fs.Path(f"{path}/_delta_log/{1:020d}.json")
+    segment = log.unsafeVolatileSnapshot().logSegment()
+    held = segment.deltas().last()
+    assert held.getPath().getName() == commit.getName()
+    assert started <= segment.lastCommitFileModificationTimestamp() <= int(time.time() * 1000)
+    before = heads()
+    stored = fs.getFileStatus(commit)  # handed over once: now the store's answer
+    assert heads() - before == 1 and stored.getLen() == held.getLen() > 0

@@ -90,7 +90,7 @@ def submit_args(*, object_store: bool = False, archive: str | None = None, deplo
         jars += [*s3a.ensure_s3a_jars(quiet=True), *ours]
         conf["spark.delta.logStore.s3a.impl"] = logstore.ZK_LOG_STORE_CLASS
         conf["spark.sql.streaming.checkpointFileManagerClass"] = logstore.DIRECT_CHECKPOINT_MANAGER_CLASS
-        conf.update(logstore.NO_EXPECT_CONTINUE_CONF)
+        conf.update(logstore.S3A_CONF)
         if endpoint is not None:
             conf.update(s3a.spark_conf(endpoint))
         if zk is not None:

@@ -140,6 +140,25 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
 
     /** Per table: the last version this JVM committed (its N.json written) and its acknowledgement. */
     private static final Map<String, Written> WRITTEN = new ConcurrentHashMap<>();
+    /** Per table: the status of the N.json this JVM wrote last, until {@link #takeWritten} hands it over. */
+    private static final Map<String, FileStatus> LAST_WRITTEN = new ConcurrentHashMap<>();
+
+    /**
+     * The status of {@code qualified} if it is the N.json this JVM wrote last for its table (its
+     * length, the time its PUT returned), once: Delta asks for it right after the commit, and
+     * {@link CommitStatusS3AFileSystem} answers from here instead of a HEAD. Else null.
+     */
+    public static FileStatus takeWritten(Path qualified) {
+        Path parent = qualified.getParent();
+        if (parent == null || parent.getParent() == null) {
+            return null;
+        }
+        String table = tablePathOf(qualified).toString();
+        FileStatus status = LAST_WRITTEN.get(table);
+        return status != null && status.getPath().equals(qualified) && LAST_WRITTEN.remove(table, status)
+            ? status : null;
+    }
+
     /** The longest time after this JVM committed N-1 in which its commit of N skips the probes. */
     static final long FOLLOW_MAX_MS = 3_600_000L;
 
@@ -603,6 +622,8 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         } catch (IOException e) {
             return;  // recoverable: listFrom / the next commit finishes it from the entry
         }
+        LAST_WRITTEN.put(tablePath.toString(), new FileStatus(data.length, false, 1, fs.getDefaultBlockSize(resolved),
+            System.currentTimeMillis(), resolved));
         String name = resolved.getName();
         java.util.concurrent.Callable<Boolean> complete = () -> {
             try {

@@ -16,8 +16,8 @@ from ..jars import compile_jar
 from .s3a import set_hadoop
 
 __all__ = ["ZK_LOG_STORE_CLASS", "DIRECT_CHECKPOINT_MANAGER_CLASS", "NO_EXPECT_CONTINUE_CLASS",
-           "NO_EXPECT_CONTINUE_CONF", "ensure_zk_log_store_jar", "ensure_checkpoint_manager_jar",
-           "ensure_interceptor_jar", "object_store_jars", "configure_log_store", "hold_log_store", "log_store_restored",
+           "COMMIT_STATUS_FS_CLASS", "S3A_CONF", "ensure_zk_log_store_jar", "ensure_checkpoint_manager_jar",
+           "ensure_interceptor_jar", "ensure_commit_status_fs_jar", "object_store_jars", "configure_log_store", "hold_log_store", "log_store_restored",
            "log_store_settings",
            "CONNECT_KEY", "NAMESPACE_KEY", "DIGEST_KEY"]
 
@@ -31,10 +31,15 @@ DIRECT_CHECKPOINT_MANAGER_CLASS = "io.deltawheel.storage.DirectCheckpointFileMan
 _CHECKPOINT_SOURCE = Path(__file__).with_name("DirectCheckpointFileManager.java")
 # small uploads without Expect: 100-continue, one round trip instead of two (docs/objectstore.md)
 NO_EXPECT_CONTINUE_CLASS = "io.deltawheel.storage.NoExpectContinue"
-# the interceptor takes the SDK's header off small uploads; the setting stops the HTTP client adding its own
-NO_EXPECT_CONTINUE_CONF = {"spark.hadoop.fs.s3a.audit.execution.interceptors": NO_EXPECT_CONTINUE_CLASS,
-                           "spark.hadoop.fs.s3a.connection.expect.continue": "false"}
+# S3A that answers the status of a commit file the log store has just written without a HEAD
+COMMIT_STATUS_FS_CLASS = "io.deltawheel.storage.CommitStatusS3AFileSystem"
+# the round trips these save (docs/objectstore.md, "Spark settings"): the interceptor takes the SDK's header off
+# small uploads, the next setting stops the HTTP client adding its own
+S3A_CONF = {"spark.hadoop.fs.s3a.audit.execution.interceptors": NO_EXPECT_CONTINUE_CLASS,
+            "spark.hadoop.fs.s3a.connection.expect.continue": "false",
+            "spark.hadoop.fs.s3a.impl": COMMIT_STATUS_FS_CLASS}
 _INTERCEPTOR_SOURCE = Path(__file__).with_name("NoExpectContinue.java")
+_COMMIT_STATUS_SOURCE = Path(__file__).with_name("CommitStatusS3AFileSystem.java")
 
 
 def ensure_zk_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
@@ -54,11 +59,19 @@ def ensure_interceptor_jar(jars_dir: Path | None = None, *, quiet: bool = False)
     return compile_jar(_INTERCEPTOR_SOURCE, jars_dir, quiet=quiet, classpath=ensure_s3a_jars(quiet=quiet))
 
 
+def ensure_commit_status_fs_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
+    """The compiled jar of ``CommitStatusS3AFileSystem.java``, against S3A (None when there is no javac)."""
+    from .s3a import ensure_s3a_jars
+
+    return compile_jar(_COMMIT_STATUS_SOURCE, jars_dir, quiet=quiet, classpath=ensure_s3a_jars(quiet=quiet))
+
+
 def object_store_jars(*, quiet: bool = False) -> list[Path] | None:
     """deltawheel's own jars for ``s3a://`` stores (the log store, the checkpoint file manager, the
-    upload interceptor); None when one cannot be compiled (no javac)."""
+    upload interceptor, S3A with commit statuses); None when one cannot be compiled (no javac)."""
     ours = []
-    for ensure in (ensure_zk_log_store_jar, ensure_checkpoint_manager_jar, ensure_interceptor_jar):
+    for ensure in (ensure_zk_log_store_jar, ensure_checkpoint_manager_jar, ensure_interceptor_jar,
+                   ensure_commit_status_fs_jar):
         if (jar := ensure(quiet=quiet)) is None:  # no javac: the others would not compile either
             return None
         ours.append(jar)

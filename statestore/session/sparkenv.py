@@ -135,14 +135,14 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     if s3_jars:  # commits to s3a:// tables: arbitrated by ZooKeeper across processes
         from ..objectstore.logstore import (
             DIRECT_CHECKPOINT_MANAGER_CLASS,
-            NO_EXPECT_CONTINUE_CONF,
+            S3A_CONF,
             ZK_LOG_STORE_CLASS,
         )
 
         builder = builder.config("spark.delta.logStore.s3a.impl", ZK_LOG_STORE_CLASS)
         # checkpoint files on s3a:// written in place, one PUT (docs/objectstore.md); local ones unforked
         builder = builder.config("spark.sql.streaming.checkpointFileManagerClass", DIRECT_CHECKPOINT_MANAGER_CLASS)
-        for key, value in NO_EXPECT_CONTINUE_CONF.items():  # settings.extra may replace them
+        for key, value in S3A_CONF.items():  # settings.extra may replace them
             builder = builder.config(key, value)
     if settings.hive_support:
         builder = builder.config("spark.sql.catalogImplementation", "hive").config(

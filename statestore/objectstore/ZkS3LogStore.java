@@ -93,7 +93,9 @@ import io.delta.storage.HadoopFileSystemLogStore;
  * only by the holder of entry N or by a process completing that entry, both with the same bytes.
  * ZooKeeper, not a probe, decides who commits N; S3A's probe-then-PUT was never atomic anyway.
  * A commit under the inline limit makes one HEAD and one PUT on the store, besides Delta's own
- * listing of the log; one that follows this JVM's previous commit, one PUT.
+ * listing of the log; one that follows this JVM's previous commit, one PUT. Delta's status
+ * request for the new N.json right after is answered from {@link #takeWritten} when the session's
+ * S3A is {@code CommitStatusS3AFileSystem}.
  */
 public class ZkS3LogStore extends HadoopFileSystemLogStore {
 

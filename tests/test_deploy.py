@@ -30,8 +30,8 @@ def test_submit_args_name_the_jars_settings_and_archive() -> None:
     names = [Path(j).name for j in jars]
     assert all(Path(j).exists() for j in jars)
     assert "delta-spark_4.2_2.13-4.4.0.jar" in names and "hadoop-aws-3.5.0.jar" in names
-    # local, commit helper, s3a, checkpoint manager, upload interceptor
-    assert sum(n.startswith("deltawheel-logstore-") for n in names) == 5
+    # local, commit helper, s3a, checkpoint manager, upload interceptor, S3A with commit statuses
+    assert sum(n.startswith("deltawheel-logstore-") for n in names) == 6
     assert opts["--archives"] == "env.tar.gz#environment"
     conf = dict(w.split("=", 1) for w in words[words.index("--conf") + 1::2] if "=" in w)
     assert conf["spark.pyspark.python"] == "./environment/bin/python"
@@ -39,6 +39,7 @@ def test_submit_args_name_the_jars_settings_and_archive() -> None:
     assert conf["spark.delta.logStore.s3a.impl"] == "io.deltawheel.storage.ZkS3LogStore"
     assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://s3:9000"
     assert conf["spark.hadoop.fs.s3a.audit.execution.interceptors"] == "io.deltawheel.storage.NoExpectContinue"
+    assert conf["spark.hadoop.fs.s3a.impl"] == "io.deltawheel.storage.CommitStatusS3AFileSystem"
     assert conf["spark.hadoop.deltawheel.logstore.zk.connect"] == "h1:2181,h2:2181"
     # the shell form: one option a line
     shell = cli("submit-args", "--archive", "env.tar.gz", "--deploy-mode", "cluster")

@@ -213,7 +213,7 @@ def test_the_installed_wheel_runs_the_demo_and_an_embedded_job_outside_the_repos
 def test_wheel_carries_the_log_store_jars(wheel: Path) -> None:
     """The log store jars are compiled into the wheel (deploy.md: an installed wheel compiles nothing)."""
     from deltawheel.statestore.jars import compile_jar
-    from deltawheel.statestore.objectstore.logstore import ensure_interceptor_jar
+    from deltawheel.statestore.objectstore.logstore import ensure_commit_status_fs_jar, ensure_interceptor_jar
 
     with zipfile.ZipFile(wheel) as z:
         inside = [n for n in z.namelist() if n.startswith("deltawheel/statestore/lib/")]
@@ -222,7 +222,8 @@ def test_wheel_carries_the_log_store_jars(wheel: Path) -> None:
     sources = ("statestore/session/ExclusiveLocalLogStore.java", "statestore/objectstore/ZkS3LogStore.java",
                "statestore/objectstore/DirectCheckpointFileManager.java", "statestore/delta/TxnCommit.java")
     want = set()
-    for jar in [*(compile_jar(REPO / s) for s in sources), ensure_interceptor_jar()]:  # the last: against the SDK
+    # the last two: against the SDK and S3A
+    for jar in [*(compile_jar(REPO / s) for s in sources), ensure_interceptor_jar(), ensure_commit_status_fs_jar()]:
         assert jar is not None
         want.add(jar.name)
     assert {Path(n).name for n in inside} == want

@@ -25,6 +25,7 @@ class S3Settings:
     scheme: str = "https"
     access_key: str | None = None  # None: pyarrow's default credential chain
     secret_key: str | None = None
+    session_token: str | None = None  # temporary credentials (fs.s3a.session.token)
     path_style: bool = False  # bucket in the path, not in the host name
     region: str | None = None
 
@@ -33,10 +34,10 @@ class S3Settings:
         """The settings s3a uses for ``bucket`` (per-bucket keys first); ``get`` reads one Hadoop key.
 
         >>> conf = {"fs.s3a.endpoint": "http://127.0.0.1:9000", "fs.s3a.path.style.access": "true",
-        ...         "fs.s3a.bucket.b.access.key": "k", "fs.s3a.secret.key": "s"}
+        ...         "fs.s3a.bucket.b.access.key": "k", "fs.s3a.secret.key": "s", "fs.s3a.session.token": "t"}
         >>> s = S3Settings.from_hadoop(conf.get, "b")
-        >>> (s.endpoint, s.scheme, s.access_key, s.secret_key, s.path_style)
-        ('127.0.0.1:9000', 'http', 'k', 's', True)
+        >>> (s.endpoint, s.scheme, s.access_key, s.secret_key, s.session_token, s.path_style)
+        ('127.0.0.1:9000', 'http', 'k', 's', 't', True)
         """
         def conf(key: str) -> str | None:
             value = get(f"fs.s3a.bucket.{bucket}.{key}") or get(f"fs.s3a.{key}")
@@ -49,7 +50,7 @@ class S3Settings:
             parts = urlsplit(endpoint)
             scheme, endpoint = parts.scheme or scheme, parts.netloc or None
         return cls(endpoint=endpoint, scheme=scheme, access_key=conf("access.key"), secret_key=conf("secret.key"),
-                   path_style=(conf("path.style.access") or "false").lower() == "true",
+                   session_token=conf("session.token"), path_style=(conf("path.style.access") or "false").lower() == "true",
                    region=conf("endpoint.region") or conf("region"))
 
 
@@ -79,7 +80,8 @@ def _s3(settings: S3Settings) -> Any:
     for var in ("AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION"):
         os.environ.setdefault(var, "when_required")
     return pafs.S3FileSystem(
-        access_key=settings.access_key, secret_key=settings.secret_key, endpoint_override=settings.endpoint,
+        access_key=settings.access_key, secret_key=settings.secret_key, session_token=settings.session_token,
+        endpoint_override=settings.endpoint,
         scheme=settings.scheme, region=settings.region or "us-east-1",
         force_virtual_addressing=not settings.path_style and settings.endpoint is not None,
         allow_delayed_open=True,  # a small file goes up in one PUT on close
@@ -257,8 +259,8 @@ def _put(s3: S3Settings, path: str, data: Any) -> None:
 
 def signed_put(s3: S3Settings, path: str, body: bytes | memoryview, *, attempts: int = 4) -> None:
     """PUT ``body`` as ``path`` (``bucket/key``) in one request signed with AWS signature version 4, no
-    ``Expect``; a dropped connection or a 5xx answer is tried again (the key is the writer's own), other
-    answers raise ``OSError``."""
+    ``Expect``; a dropped connection or a server's passing trouble (500, 502-504, 429) is tried again (the
+    key is the writer's own), other answers raise ``OSError``."""
     import hashlib
     import http.client
     import ssl
@@ -295,7 +297,7 @@ def signed_put(s3: S3Settings, path: str, body: bytes | memoryview, *, attempts:
             continue
         if resp.status < 300:
             return
-        if resp.status < 500 or attempt + 1 == attempts:
+        if resp.status not in (429, 500, 502, 503, 504) or attempt + 1 == attempts:
             hint = " (check fs.s3a.access.key and fs.s3a.secret.key)" if resp.status in (401, 403) else ""
             raise OSError(f"PUT s3a://{path} to {host} failed: HTTP {resp.status}{hint} {text[:300]}")
         time.sleep(0.1 * 2 ** attempt)
@@ -308,6 +310,8 @@ def _sigv4(s3: S3Settings, host: str, uri: str, region: str, digest: str, now: A
 
     stamp = time.strftime("%Y%m%dT%H%M%SZ", now)
     headers = {"host": host, "x-amz-content-sha256": digest, "x-amz-date": stamp}
+    if s3.session_token:
+        headers["x-amz-security-token"] = s3.session_token
     names = ";".join(sorted(headers))
     canonical = "\n".join(["PUT", uri, "", *(f"{k}:{headers[k]}" for k in sorted(headers)), "", names, digest])
     scope = f"{stamp[:8]}/{region}/s3/aws4_request"

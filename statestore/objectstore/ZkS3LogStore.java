@@ -96,6 +96,9 @@ import io.delta.storage.HadoopFileSystemLogStore;
  * listing of the log; one that follows this JVM's previous commit, one PUT. Delta's status
  * request for the new N.json right after is answered from {@link #takeWritten} when the session's
  * S3A is {@code CommitStatusS3AFileSystem}.
+ *
+ * <p>One file of over 500 lines: {@code compile_jar} builds one jar per source, and the commit
+ * protocol, its recovery ({@code fix}) and the entries' encoding read best side by side.
  */
 public class ZkS3LogStore extends HadoopFileSystemLogStore {
 

@@ -242,15 +242,32 @@ class TableFiles:
         return int(data.size)
 
 
-# a file up to this size with the store's keys set goes up in one signed PUT of our own; pyarrow's S3 client
+# a file up to this size with the store's keys set goes up in one signed PUT of our own (_signs); pyarrow's S3 client
 # sends ``Expect: 100-continue`` on every upload and waits for the answer before the body (two round trips,
 # and it has no setting for it); larger files keep pyarrow's parallel multipart upload
 SIGNED_PUT_MAX = 16 << 20
 _CONNECTIONS = threading.local()  # a thread's kept-alive connections, by (scheme, host)
 
 
+def _signs(s3: S3Settings, path: str, size: int) -> bool:
+    """Whether :func:`signed_put` uploads ``path``: the keys set, and where the bucket answers known (an endpoint,
+    or AWS in a set region; a dotted bucket name on AWS would not match its certificate as a host name).
+
+    >>> keys = {"access_key": "k", "secret_key": "s"}
+    >>> [_signs(S3Settings(endpoint="h:9000", **keys), "b/x", 10), _signs(S3Settings(endpoint="h:9000"), "b/x", 10)]
+    [True, False]
+    >>> [_signs(S3Settings(**keys), "b/x", 10), _signs(S3Settings(region="eu-west-1", **keys), "b/x", 10),
+    ...  _signs(S3Settings(region="eu-west-1", **keys), "b.c/x", 10)]
+    [False, True, False]
+    >>> _signs(S3Settings(endpoint="h:9000", **keys), "b/x", SIGNED_PUT_MAX + 1)
+    False
+    """
+    known = s3.endpoint is not None or (s3.region is not None and "." not in path.partition("/")[0])
+    return bool(s3.access_key and s3.secret_key) and known and size <= SIGNED_PUT_MAX
+
+
 def _put(s3: S3Settings, path: str, data: Any) -> None:
-    if s3.access_key and s3.secret_key and len(data) <= SIGNED_PUT_MAX:
+    if _signs(s3, path, len(data)):
         signed_put(s3, path, memoryview(data))
         return
     with _s3(s3).open_output_stream(path) as out:  # closing waits for the upload

@@ -292,7 +292,8 @@ def signed_put(s3: S3Settings, path: str, body: bytes | memoryview, *, attempts:
         host, uri = (s3.endpoint, f"/{bucket}/{key}") if s3.path_style else (f"{bucket}.{s3.endpoint}", f"/{key}")
     uri = quote(uri, safe="/-_.~")
     digest = hashlib.sha256(body).hexdigest()
-    conns = _CONNECTIONS.__dict__.setdefault("by_host", {})
+    # per process too: a forked child must not write into its parent's socket
+    conns: dict[tuple[str, str], Any] = _CONNECTIONS.__dict__.setdefault(f"by_host_{os.getpid()}", {})
     for attempt in range(attempts):
         headers = _sigv4(s3, host, uri, region, digest, time.gmtime())
         headers["Content-Length"] = str(len(body))

@@ -17,8 +17,8 @@ from .s3a import set_hadoop
 
 __all__ = ["ZK_LOG_STORE_CLASS", "DIRECT_CHECKPOINT_MANAGER_CLASS", "NO_EXPECT_CONTINUE_CLASS",
            "COMMIT_STATUS_FS_CLASS", "S3A_CONF", "ensure_zk_log_store_jar", "ensure_checkpoint_manager_jar",
-           "ensure_interceptor_jar", "ensure_commit_status_fs_jar", "object_store_jars", "configure_log_store", "hold_log_store", "log_store_restored",
-           "log_store_settings",
+           "ensure_interceptor_jar", "ensure_commit_status_fs_jar", "object_store_jars", "configure_log_store",
+           "hold_log_store", "log_store_restored", "log_store_settings",
            "CONNECT_KEY", "NAMESPACE_KEY", "DIGEST_KEY"]
 
 ZK_LOG_STORE_CLASS = "io.deltawheel.storage.ZkS3LogStore"

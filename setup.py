@@ -30,7 +30,7 @@ SOURCES = ("statestore/session/ExclusiveLocalLogStore.java", "statestore/objects
            "statestore/objectstore/DirectCheckpointFileManager.java", "statestore/delta/TxnCommit.java",
            "statestore/objectstore/NoExpectContinue.java", "statestore/objectstore/CommitStatusS3AFileSystem.java")
 # compiled against jars S3A brings too (statestore/objectstore/s3a.py): the AWS SDK's interceptor interface, S3A
-SDK_SOURCES = {"statestore/objectstore/NoExpectContinue.java": ("sdk-core", "http-client-spi", "utils"),
+S3A_SOURCES = {"statestore/objectstore/NoExpectContinue.java": ("sdk-core", "http-client-spi", "utils"),
                "statestore/objectstore/CommitStatusS3AFileSystem.java": ("hadoop-aws",)}
 
 
@@ -93,7 +93,7 @@ def build_jars(out: Path) -> list[Path]:
         digest = hashlib.sha256(source.read_bytes())
         digest.update(f"delta-storage {delta} pyspark {pyspark.__version__}".encode())
         dest = out / f"deltawheel-logstore-{digest.hexdigest()[:12]}.jar"
-        full = os.pathsep.join([*(str(j) for j in _s3a_jars(SDK_SOURCES[rel])), cp]) if rel in SDK_SOURCES else cp
+        full = os.pathsep.join([*(str(j) for j in _s3a_jars(S3A_SOURCES[rel])), cp]) if rel in S3A_SOURCES else cp
         with tempfile.TemporaryDirectory() as classes:
             subprocess.run([javac, "--release", "17", "-nowarn", "-cp", full, "-d", classes, str(source)], check=True)
             with zipfile.ZipFile(dest, "w") as z:

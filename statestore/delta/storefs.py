@@ -6,12 +6,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import hashlib
+import hmac
 import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 __all__ = ["S3Settings", "TableFiles", "files_for", "table_files", "files_resolver", "supports", "local_path",
            "background_uploads"]
@@ -278,11 +281,8 @@ def signed_put(s3: S3Settings, path: str, body: bytes | memoryview, *, attempts:
     """PUT ``body`` as ``path`` (``bucket/key``) in one request signed with AWS signature version 4, no
     ``Expect``; a dropped connection or a server's passing trouble (500, 502-504, 429) is tried again (the
     key is the writer's own), other answers raise ``OSError``."""
-    import hashlib
     import http.client
     import ssl
-    import time
-    from urllib.parse import quote
 
     bucket, _, key = path.partition("/")
     region = s3.region or "us-east-1"
@@ -322,10 +322,6 @@ def signed_put(s3: S3Settings, path: str, body: bytes | memoryview, *, attempts:
 
 
 def _sigv4(s3: S3Settings, host: str, uri: str, region: str, digest: str, now: Any) -> dict[str, str]:
-    import hashlib
-    import hmac
-    import time
-
     stamp = time.strftime("%Y%m%dT%H%M%SZ", now)
     headers = {"host": host, "x-amz-content-sha256": digest, "x-amz-date": stamp}
     if s3.session_token:

@@ -52,18 +52,20 @@ def ensure_checkpoint_manager_jar(jars_dir: Path | None = None, *, quiet: bool =
     return compile_jar(_CHECKPOINT_SOURCE, jars_dir, quiet=quiet)
 
 
-def ensure_interceptor_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
-    """The compiled jar of ``NoExpectContinue.java``, against the S3A jars (None when there is no javac)."""
+def _against_s3a(source: Path, jars_dir: Path | None, quiet: bool) -> Path | None:
     from .s3a import ensure_s3a_jars
 
-    return compile_jar(_INTERCEPTOR_SOURCE, jars_dir, quiet=quiet, classpath=ensure_s3a_jars(quiet=quiet))
+    return compile_jar(source, jars_dir, quiet=quiet, classpath=ensure_s3a_jars(quiet=quiet))
+
+
+def ensure_interceptor_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
+    """The compiled jar of ``NoExpectContinue.java``, against the S3A jars (None when there is no javac)."""
+    return _against_s3a(_INTERCEPTOR_SOURCE, jars_dir, quiet)
 
 
 def ensure_commit_status_fs_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
     """The compiled jar of ``CommitStatusS3AFileSystem.java``, against S3A (None when there is no javac)."""
-    from .s3a import ensure_s3a_jars
-
-    return compile_jar(_COMMIT_STATUS_SOURCE, jars_dir, quiet=quiet, classpath=ensure_s3a_jars(quiet=quiet))
+    return _against_s3a(_COMMIT_STATUS_SOURCE, jars_dir, quiet)
 
 
 def object_store_jars(*, quiet: bool = False) -> list[Path] | None:

@@ -1,12 +1,14 @@
 """One writer of the commit benchmark: a job instance's batches, cut down to their commit.
 
 A batch checks the leases, commits a few keys' images with the fence rows and publishes the
-watermarks; a failed batch is counted by its error's type and the writer goes on."""
+watermarks in the background, as an executor fed by ``foreachBatch`` does (the next batch waits
+for it before its own); a failed batch is counted by its error's type and the writer goes on."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -73,6 +75,8 @@ def run_writer(spark: Any, layout: Any, zk: Any, *, pipeline: str, spec: WriterS
     authority = WatermarkAuthority(client, pipeline=pipeline)
     store = RowStore(spark, layout, writer=spec.name, conflict_retries=10)
     codec = get_codec("json")
+    publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{spec.name}-watermarks")
+    published: Future[Any] | None = None
     try:
         grants = leases.acquire(spec.computation, spec.intervals, wait_s=30.0)
         seqs = {iv: g.sequencer for iv, g in grants.items()}
@@ -104,9 +108,14 @@ def run_writer(spark: Any, layout: Any, zk: Any, *, pipeline: str, spec: WriterS
                 res = store.commit(spec.computation, rows, sequencers=seqs, num_intervals=spec.num_intervals,
                                    lease_check=check)
                 t2 = time.monotonic()
-                # 3. the watermark: oldest work per interval, the low watermark advanced
+                # 3. the watermark: oldest work per interval, the low watermark advanced (after the
+                # previous batch's has landed, and raising what it raised)
+                last, published = published, None
+                if last is not None:
+                    last.result()
                 now = int(time.time() * 1000)
-                authority.publish_and_advance(spec.computation, {iv: (now, s) for iv, s in seqs.items()})
+                published = publisher.submit(authority.publish_and_advance, spec.computation,
+                                             {iv: (now, s) for iv, s in seqs.items()})
             except Exception as exc:  # counted, and the writer goes on
                 stats.batch_started = None
                 if measuring.is_set():
@@ -123,6 +132,7 @@ def run_writer(spark: Any, layout: Any, zk: Any, *, pipeline: str, spec: WriterS
                 stats.commit_ids.append(res.commit_id)
                 stats.keys.update(picked)
     finally:
+        publisher.shutdown(wait=True)
         with contextlib.suppress(Exception):
             leases.release(spec.computation)
         leases.close()

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 

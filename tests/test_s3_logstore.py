@@ -5,6 +5,7 @@ dies mid-commit is completed by the next reader."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ import pytest
 from conftest import object_store_env
 from deltawheel.statestore.delta.jvm import jsession, jvm
 from deltawheel.statestore.objectstore.logstore import ZK_LOG_STORE_CLASS
+from wire_util import Relay
 
 pytestmark = [pytest.mark.objectstore, pytest.mark.spark, pytest.mark.zk]
 
@@ -490,32 +492,57 @@ def test_a_writer_that_committed_the_version_before_still_loses_one_another_proc
         zk.close()
 
 
-def test_a_commit_after_this_process_s_own_makes_one_put_and_no_probe(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+def test_a_commit_after_this_process_s_own_makes_one_put_and_no_probe(spark, s3_bucket, object_store) -> None:  # type: ignore[no-untyped-def]
     """Versions 1 and 2 of a log, each written right after this process wrote the one before:
     one PUT each and no HEAD (ZooKeeper's entry decides); version 0 and a version written with
-    the shortcut's window closed are probed first."""
+    the shortcut's window closed are probed first. Seen on the wire: the PUT is the log store's
+    own, signed with the bucket's keys, without ``Expect: 100-continue``; the log reads back. A PUT
+    the store refuses (a wrong key) leaves the version to its ZooKeeper entry: the next reader writes it."""
     j = jvm(spark)
+    url = urllib.parse.urlsplit(object_store.endpoint.url)
+    relay = Relay((url.hostname or "127.0.0.1", url.port or 80))
     log_dir = f"s3a://{s3_bucket}/own-{uuid.uuid4().hex[:8]}/_delta_log"
-    conf = jsession(spark).sessionState().newHadoopConf()
-    fs = j.org.apache.hadoop.fs.Path(log_dir).getFileSystem(conf)
 
-    def write(version: int, c: Any = conf) -> tuple[int, int]:
-        def stat(name: str) -> int:
-            v = fs.getStorageStatistics().getLong(name)
-            return int(v) if v is not None else 0
-        before = stat("object_metadata_request"), stat("object_put_request")
+    def conf(window: bool = True) -> Any:
+        c = jsession(spark).sessionState().newHadoopConf()
+        c.set(f"fs.s3a.bucket.{s3_bucket}.endpoint", f"http://{relay.address}")
+        c.set("fs.s3a.impl.disable.cache", "true")
+        if not window:
+            c.set("deltawheel.logstore.expirationDelaySeconds", "0")  # no window: probe every time
+        return c
+
+    def write(version: int, c: Any = None) -> tuple[int, list[bytes]]:
+        seen = len(relay.seen)
         _store(spark).write(j.org.apache.hadoop.fs.Path(f"{log_dir}/{version:020d}.json"),
-                            j.java.util.ArrayList([json.dumps({"v": version})]).iterator(), False, c)
-        return stat("object_metadata_request") - before[0], stat("object_put_request") - before[1]
+                            j.java.util.ArrayList([json.dumps({"v": version})]).iterator(), False, c or conf())
+        wire = bytes(relay.seen[seen:])
+        puts = re.findall(rb"^PUT [^ ]*/_delta_log/[^\r]*\r\n(.*?)\r\n\r\n", wire, re.M | re.S)
+        return len(re.findall(rb"^HEAD ", wire, re.M)), [p.lower() for p in puts]
 
     heads, puts = write(0)
-    assert heads >= 1 and puts == 1
-    assert write(1) == (0, 1)
-    assert write(2) == (0, 1)
-    closed = jsession(spark).sessionState().newHadoopConf()
-    closed.set("deltawheel.logstore.expirationDelaySeconds", "0")  # no window: probe every time
-    heads, puts = write(3, closed)
-    assert heads >= 1 and puts == 1
+    assert heads >= 1 and len(puts) == 1
+    for version in (1, 2):
+        heads, puts = write(version)
+        assert heads == 0 and len(puts) == 1
+        assert b"authorization: aws4-hmac-sha256 credential=" in puts[0] and b"java-http-client" in puts[0]
+        assert b"expect:" not in puts[0]
+    heads, puts = write(3, conf(window=False))
+    assert heads >= 1 and len(puts) == 1
+    wrong = conf()
+    wrong.set(f"fs.s3a.bucket.{s3_bucket}.secret.key", "not-the-secret")
+    assert write(4, wrong)[1]  # refused (403): version 4 is the entry's, N.json not written yet
+    fs = j.org.apache.hadoop.fs.Path(log_dir).getFileSystem(jsession(spark).sessionState().newHadoopConf())
+    last = j.org.apache.hadoop.fs.Path(f"{log_dir}/{4:020d}.json")
+    assert not fs.exists(last)
+    listed = _store(spark).listFrom(j.org.apache.hadoop.fs.Path(f"{log_dir}/{0:020d}.json"), conf())
+    names = []
+    while listed.hasNext():
+        names.append(listed.next().getPath().getName())
+    assert names[-1] == last.getName()  # a reader completes it from the entry
+    for version in range(5):
+        stream = fs.open(j.org.apache.hadoop.fs.Path(f"{log_dir}/{version:020d}.json"))
+        assert json.loads(j.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")) == {"v": version}
+        stream.close()
 
 
 def test_delta_takes_a_commit_file_s_status_from_the_log_store_not_a_head(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]

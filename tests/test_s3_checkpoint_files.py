@@ -143,14 +143,38 @@ def test_a_store_without_conditional_writes_gets_the_probe(spark, s3_bucket) -> 
     mgr.fs().close()
 
 
-def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket, object_store) -> None:  # type: ignore[no-untyped-def]
     """Delta's N.crc is written once, after commit N, from that version's state: it is one PUT
-    with no existence probe (a HEAD and a LIST on S3A), uploaded in the background. A file that
-    must not be overwritten (a query's offset log, a table log's file that is not a checksum) is
-    one PUT too, refused by the store when the file is there. Spark's check that a log's next
-    file is not there yet is one HEAD."""
+    with no existence probe (a HEAD and a LIST on S3A), uploaded in the background, signed by the
+    log store (seen on the wire). A file that must not be overwritten (a query's offset log, a
+    table log's file that is not a checksum) is one PUT too, refused by the store when the file is
+    there. Spark's check that a log's next file is not there yet is one HEAD."""
     j = jvm(spark)
     base = f"s3a://{s3_bucket}/cfm-{uuid.uuid4().hex[:8]}"
+    # S3A's storage statistics are the JVM's first S3A file system's: the session's, not the relay's below
+    _manager(spark, base).fs()
+    url = urlsplit(object_store.endpoint.url)
+    relay = Relay((url.hostname or "127.0.0.1", url.port or 80))
+    conf = jsession(spark).sessionState().newHadoopConf()
+    conf.set(f"fs.s3a.bucket.{s3_bucket}.endpoint", f"http://{relay.address}")
+    conf.set("fs.s3a.impl.disable.cache", "true")
+
+    def checksum(body: bytes = b'{"tableSizeBytes": 1}', version: int = 3) -> tuple[int, int, list[bytes]]:
+        """HEADs, LISTs and the PUTs' headers on the wire for one N.crc (waiting for its upload)."""
+        seen, path = len(relay.seen), j.org.apache.hadoop.fs.Path(f"{base}/t/_delta_log/{version:020d}.crc")
+        out = j.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager.create(
+            path, conf).createAtomic(path, False)
+        out.write(bytearray(body))
+        out.close()
+        deadline = time.monotonic() + 90
+        while (len(relay.seen) - seen < len(body) or b"\r\nPUT " not in b"\r\n" + bytes(relay.seen[seen:])) \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # the store's answer; a request after it would show
+        wire = bytes(relay.seen[seen:])
+        puts = re.findall(rb"^PUT [^ ]*\.crc[^\r]*\r\n(.*?)\r\n\r\n", wire, re.M | re.S)
+        return (len(re.findall(rb"^HEAD ", wire, re.M)), len(re.findall(rb"^GET [^ ]*list-type", wire, re.M)),
+                [p.lower() for p in puts])
 
     def write(rel: str, body: bytes) -> tuple[int, int, int]:
         uri = f"{base}/{rel}"
@@ -173,11 +197,13 @@ def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket) -> No
         return after[0] - before[0], after[1] - before[1], after[2] - before[2]
 
     uploads: list[str] = []
-    heads, lists, puts = write(f"t/_delta_log/{3:020d}.crc", b'{"tableSizeBytes": 1}')
-    assert (heads, lists, puts) == (0, 0, 1), "\n".join(uploads)
+    heads, lists, puts = checksum()
+    assert (heads, lists, len(puts)) == (0, 0, 1), j.io.deltawheel.storage.DirectCheckpointFileManager.lastChecksumFailure()
+    assert b"java-http-client" in puts[0] and b"authorization: aws4-hmac-sha256" in puts[0]
     threads = j.java.lang.Thread.getAllStackTraces().keySet().toArray()
     assert "deltawheel-checksum-upload" in {str(t.getName()) for t in threads}  # not the committing thread
-    assert write(f"t/_delta_log/{3:020d}.crc", b'{"tableSizeBytes": 1}') == (0, 0, 1)  # rewritten, not refused
+    heads, lists, puts = checksum()  # rewritten, not refused
+    assert (heads, lists, len(puts)) == (0, 0, 1)
     assert write("q/offsets/0", b"v1") == (0, 0, 1)
     assert write("t/_delta_log/_last_checkpoint", b"{}") == (0, 0, 1)
     for rel in ("q/offsets/0", "t/_delta_log/_last_checkpoint"):  # refused, not rewritten as a checksum is
@@ -197,6 +223,9 @@ def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket) -> No
     stream = _fs(spark, base).open(j.org.apache.hadoop.fs.Path(f"{base}/t/_delta_log/{3:020d}.crc"))
     assert j.org.apache.commons.io.IOUtils.toString(stream, "UTF-8") == '{"tableSizeBytes": 1}'
     stream.close()
+    heads, lists, puts = checksum(b"x" * (17 << 20), 4)  # over the signed PUT's 16 MiB: S3A's
+    assert (heads, lists, len(puts)) == (0, 0, 1) and b"amz-sdk-invocation-id" in puts[0]
+    assert _fs(spark, base).getFileStatus(j.org.apache.hadoop.fs.Path(f"{base}/t/_delta_log/{4:020d}.crc")).getLen() == 17 << 20
 
 
 def test_a_small_upload_goes_without_waiting_for_100_continue(spark, s3_bucket, object_store) -> None:  # type: ignore[no-untyped-def]

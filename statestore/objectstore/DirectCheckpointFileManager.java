@@ -33,7 +33,8 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
  *
  * <p>A checksum file's upload runs in the background: Delta writes it after the commit, on the
  * committing thread, and it costs the commit a PUT's round trips (two with S3's
- * {@code Expect: 100-continue}). A checksum is optional: Delta reads the newest one there is and
+ * {@code Expect: 100-continue}). It is the log store's signed PUT where that signs (S3A's keys and
+ * the bucket's host known: {@code ZkS3LogStore.putSigned}), lighter on the JVM's CPU than S3A's. A checksum is optional: Delta reads the newest one there is and
  * replays the log where it is missing, so one lost with its JVM costs nothing. At most 16 go up at once,
  * past that the committing thread uploads its own.
  *
@@ -84,6 +85,18 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
                 return t;
             }, new ThreadPoolExecutor.CallerRunsPolicy());
 
+    /** {@code ZkS3LogStore.putSigned} (the log store's jar, found by name), or null without it. */
+    private static final java.lang.reflect.Method SIGNED_PUT = signedPut();
+
+    private static java.lang.reflect.Method signedPut() {
+        try {
+            return Class.forName("io.deltawheel.storage.ZkS3LogStore", false, DirectCheckpointFileManager.class.getClassLoader())
+                    .getMethod("putSigned", FileSystem.class, Path.class, byte[].class);
+        } catch (ReflectiveOperationException | LinkageError e) {
+            return null;
+        }
+    }
+
     /** The last checksum upload that failed in this JVM ("path: error"), or null: for a report. */
     private static volatile String lastChecksumFailure;
 
@@ -110,22 +123,17 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
         }
         try {
             if (checksum(path)) {
-                // Delta's N.crc: written once, after commit N, from that version's state; a second
-                // writer of it writes what is there. One PUT without S3A's existence probes (a
-                // HEAD and a LIST), as the log store writes N.json
-                org.apache.hadoop.fs.FSDataOutputStreamBuilder<?, ?> b = fs.createFile(path).overwrite(true);
-                b.opt(PERFORMANCE, true);
-                return new InPlace(b.build(), path, true, false);
+                return new Checksum(fs, path);
             }
             if (overwriteIfPossible || !fs.getConf().getBoolean(CONDITIONAL_ENABLED, true)) {
                 // a store without conditional writes: S3A's existence probe before the upload
-                return new InPlace(fs.create(path, overwriteIfPossible), path, false, false);
+                return new InPlace(fs.create(path, overwriteIfPossible), path, false);
             }
             // one PUT with If-None-Match, no probe before it: the store refuses the upload if the
             // file is there, whoever put it and when (Spark's logs check exists() first anyway)
             org.apache.hadoop.fs.FSDataOutputStreamBuilder<?, ?> b = fs.createFile(path).overwrite(false);
             b.opt(CONDITIONAL, true);
-            return new InPlace(b.build(), path, false, true);
+            return new InPlace(b.build(), path, true);
         } catch (IOException e) {
             // FileAlreadyExistsException must reach Spark as it is (its metadata logs report a
             // concurrent writer by it); the Scala signature declares nothing
@@ -175,15 +183,13 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
     static final class InPlace extends CheckpointFileManager.CancellableFSDataOutputStream {
         private final FSDataOutputStream out;
         private final Path path;
-        private final boolean background;
         private final boolean ifAbsent;
         private boolean finished;
 
-        InPlace(FSDataOutputStream out, Path path, boolean background, boolean ifAbsent) {
+        InPlace(FSDataOutputStream out, Path path, boolean ifAbsent) {
             super(out);
             this.out = out;
             this.path = path;
-            this.background = background;
             this.ifAbsent = ifAbsent;
         }
 
@@ -193,18 +199,6 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
                 return;
             }
             finished = true;
-            if (background) {  // a checksum: visible once its upload ends, or never
-                CHECKSUMS.execute(() -> {
-                    try {
-                        out.close();
-                    } catch (Throwable e) {  // logged and kept, not left to the pool's silent handler
-                        lastChecksumFailure = path + ": " + e;
-                        org.slf4j.LoggerFactory.getLogger(DirectCheckpointFileManager.class)
-                                .warn("checksum file " + path + " not written (Delta reads an older one): " + e);
-                    }
-                });
-                return;
-            }
             try {
                 out.close();  // the upload: the file is visible once this returns
             } catch (IOException e) {
@@ -230,6 +224,60 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
                 throw new IllegalStateException("cannot cancel the write of " + path
                         + ": its output stream cannot abort", e);
             }
+        }
+    }
+
+    /**
+     * Delta's N.crc: written once, after commit N, from that version's state (a second writer of it
+     * writes what is there). Kept in memory and uploaded at close in the background, in one PUT
+     * without S3A's existence probes: the log store's signed PUT where it signs (as N.json), else
+     * S3A's. Visible once its upload ends, or never; cancel() drops it.
+     */
+    static final class Checksum extends CheckpointFileManager.CancellableFSDataOutputStream {
+        private final java.io.ByteArrayOutputStream bytes;
+        private final FileSystem fs;
+        private final Path path;
+        private boolean finished;
+
+        Checksum(FileSystem fs, Path path) {
+            this(new java.io.ByteArrayOutputStream(), fs, path);
+        }
+
+        private Checksum(java.io.ByteArrayOutputStream bytes, FileSystem fs, Path path) {
+            super(bytes);
+            this.bytes = bytes;
+            this.fs = fs;
+            this.path = path;
+        }
+
+        @Override
+        public synchronized void close() {
+            if (finished) {
+                return;
+            }
+            finished = true;
+            byte[] data = bytes.toByteArray();
+            CHECKSUMS.execute(() -> {
+                try {
+                    if (SIGNED_PUT == null || !(Boolean) SIGNED_PUT.invoke(null, fs, path, data)) {
+                        org.apache.hadoop.fs.FSDataOutputStreamBuilder<?, ?> b = fs.createFile(path).overwrite(true);
+                        b.opt(PERFORMANCE, true);
+                        try (FSDataOutputStream out = b.build()) {
+                            out.write(data);
+                        }
+                    }
+                } catch (Throwable e) {  // logged and kept, not left to the pool's silent handler
+                    Throwable cause = e instanceof java.lang.reflect.InvocationTargetException ? e.getCause() : e;
+                    lastChecksumFailure = path + ": " + cause;
+                    org.slf4j.LoggerFactory.getLogger(DirectCheckpointFileManager.class)
+                            .warn("checksum file " + path + " not written (Delta reads an older one): " + cause);
+                }
+            });
+        }
+
+        @Override
+        public synchronized void cancel() {
+            finished = true;
         }
     }
 

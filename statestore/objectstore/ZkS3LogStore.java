@@ -474,9 +474,7 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
     /** Write {@code data} to {@code path} in one PUT, without S3A's existence and directory probes ({@link SignedPut} where it can). */
     @SuppressWarnings({"rawtypes", "unchecked"})
     private static void put(FileSystem fs, Path path, byte[] data) throws IOException {
-        SignedPut signed = data.length <= SignedPut.MAX ? SignedPut.of(fs, path) : null;
-        if (signed != null) {
-            signed.put(path, data);
+        if (putSigned(fs, path, data)) {
             return;
         }
         org.apache.hadoop.fs.FSDataOutputStreamBuilder builder = fs.createFile(path).overwrite(true);
@@ -663,6 +661,20 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
     @Override
     public Boolean isPartialWriteVisible(Path path, Configuration hadoopConf) {
         return false;
+    }
+
+    /**
+     * Write {@code data} to {@code path} in one {@link SignedPut} when S3A's keys and the bucket's host
+     * are known; false (nothing written) otherwise. Also deltawheel's checkpoint file manager's way to
+     * upload a checksum (another jar: it finds this method by name).
+     */
+    public static boolean putSigned(FileSystem fs, Path path, byte[] data) throws IOException {
+        SignedPut signed = data.length <= SignedPut.MAX ? SignedPut.of(fs, path) : null;
+        if (signed == null) {
+            return false;
+        }
+        signed.put(path, data);
+        return true;
     }
 
     /**

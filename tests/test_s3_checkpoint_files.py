@@ -151,7 +151,7 @@ def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket, objec
     there. Spark's check that a log's next file is not there yet is one HEAD."""
     j = jvm(spark)
     base = f"s3a://{s3_bucket}/cfm-{uuid.uuid4().hex[:8]}"
-    # S3A's storage statistics are the JVM's first S3A file system's: the session's, not the relay's below
+    # the session's S3A first: made after the relay's, its PUT count stayed 0 (run alone)
     _manager(spark, base).fs()
     url = urlsplit(object_store.endpoint.url)
     relay = Relay((url.hostname or "127.0.0.1", url.port or 80))

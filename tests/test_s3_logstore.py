@@ -545,6 +545,24 @@ def test_a_commit_after_this_process_s_own_makes_one_put_and_no_probe(spark, s3_
         stream.close()
 
 
+def test_behind_a_proxy_the_log_store_leaves_its_put_to_s3a(spark, s3_bucket, object_store) -> None:  # type: ignore[no-untyped-def]
+    """With ``fs.s3a.proxy.host`` set, S3A reaches the store through that proxy, which the log
+    store's own signed PUT would not take: N.json goes up by S3A, through the proxy."""
+    j = jvm(spark)
+    url = urllib.parse.urlsplit(object_store.endpoint.url)
+    proxy = Relay((url.hostname or "127.0.0.1", url.port or 80))  # S3A sends it absolute-form requests
+    conf = jsession(spark).sessionState().newHadoopConf()
+    host, port = proxy.address.split(":")
+    conf.set(f"fs.s3a.bucket.{s3_bucket}.proxy.host", host)
+    conf.set(f"fs.s3a.bucket.{s3_bucket}.proxy.port", port)
+    conf.set("fs.s3a.impl.disable.cache", "true")
+    log_dir = f"s3a://{s3_bucket}/proxied-{uuid.uuid4().hex[:8]}/_delta_log"
+    _store(spark).write(j.org.apache.hadoop.fs.Path(f"{log_dir}/{0:020d}.json"),
+                        j.java.util.ArrayList([json.dumps({"v": 0})]).iterator(), False, conf)
+    put = re.search(rb"^PUT \S*/_delta_log/0{20}\.json[^\r]*\r\n(.*?)\r\n\r\n", bytes(proxy.seen), re.M | re.S)
+    assert put is not None and b"amz-sdk-invocation-id" in put.group(1).lower()
+
+
 def test_delta_takes_a_commit_file_s_status_from_the_log_store_not_a_head(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
     """After writing ``N.json`` Delta asks for its status. The session's S3A answers that once from
     what the log store wrote (no HEAD); asked again, or for another file, it asks the store. The

@@ -681,7 +681,8 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
      * One PUT signed with AWS signature version 4 on a kept-alive connection of the JDK's own HTTP
      * client, without {@code Expect}: N.json and temporary files, when S3A's keys for the bucket are in
      * its configuration and the bucket's host is known (an endpoint, or AWS in a set region and a
-     * bucket name without dots), the rule of the Python side's signed PUT ({@code storefs._signs}).
+     * bucket name without dots), the rule of the Python side's signed PUT ({@code storefs._signs}),
+     * and no proxy is set ({@code fs.s3a.proxy.host}: S3A's way there, which this client does not take).
      * S3A's AWS SDK spends about a millisecond of CPU per request on its pipeline (docs/scale.md);
      * anything else (the default credential chain, no endpoint or region) keeps S3A.
      */
@@ -722,7 +723,8 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
                 scheme = u.getScheme();
                 endpoint = u.getRawAuthority();
             }
-            if (access == null || secret == null || (endpoint == null && (region == null || bucket.contains(".")))) {
+            if (access == null || secret == null || (endpoint == null && (region == null || bucket.contains(".")))
+                    || setting(conf, bucket, "proxy.host", false) != null) {  // S3A reaches it through a proxy
                 return null;
             }
             String r = region == null ? "us-east-1" : region;

@@ -34,9 +34,10 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
  * <p>A checksum file's upload runs in the background: Delta writes it after the commit, on the
  * committing thread, and it costs the commit a PUT's round trips (two with S3's
  * {@code Expect: 100-continue}). It is the log store's signed PUT where that signs (S3A's keys and
- * the bucket's host known: {@code ZkS3LogStore.putSigned}), lighter on the JVM's CPU than S3A's. A checksum is optional: Delta reads the newest one there is and
- * replays the log where it is missing, so one lost with its JVM costs nothing. At most 16 go up at once,
- * past that the committing thread uploads its own.
+ * the bucket's host known: {@code ZkS3LogStore.putSigned}), lighter on the JVM's CPU than S3A's.
+ * A checksum is optional: Delta reads the newest one there is and replays the log where it is
+ * missing, so one lost with its JVM costs nothing. At most 16 go up at once, past that the
+ * committing thread uploads its own.
  *
  * <p>A local folder ({@code file:}) is written with the JDK's own file calls: the bytes to a
  * temporary file beside the target, then a hard link onto the target (a file that exists fails

@@ -763,9 +763,6 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
             String digest = hex(sha256(data));
             IOException last = null;
             for (int attempt = 0; attempt < 4; attempt++) {
-                if (attempt > 0) {
-                    pause(100L << (attempt - 1));
-                }
                 String stamp = STAMP.format(java.time.Instant.now());
                 String names = "host;x-amz-content-sha256;x-amz-date" + (token == null ? "" : ";x-amz-security-token");
                 String canonical = "PUT\n" + uriPath + "\n\nhost:" + hostHeader + "\nx-amz-content-sha256:" + digest
@@ -788,6 +785,7 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
                 }
                 java.net.http.HttpResponse<String> resp;
                 try {
+                    Thread.sleep(attempt == 0 ? 0 : 100L << (attempt - 1));  // signed well inside S3's 15 min
                     resp = HTTP.send(req.build(), java.net.http.HttpResponse.BodyHandlers.ofString());
                 } catch (IOException e) {
                     last = new IOException("PUT " + uri + " failed: " + e, e);
@@ -809,15 +807,6 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
                 }
             }
             throw last;
-        }
-
-        private static void pause(long ms) throws java.io.InterruptedIOException {
-            try {
-                Thread.sleep(ms);
-            } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
-                throw new java.io.InterruptedIOException("interrupted between PUT attempts");
-            }
         }
 
         /** AWS's URI encoding of a key's path: every byte but the unreserved ones and '/'. */

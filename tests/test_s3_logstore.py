@@ -497,7 +497,8 @@ def test_a_commit_after_this_process_s_own_makes_one_put_and_no_probe(spark, s3_
     one PUT each and no HEAD (ZooKeeper's entry decides); version 0 and a version written with
     the shortcut's window closed are probed first. Seen on the wire: the PUT is the log store's
     own, signed with the bucket's keys, without ``Expect: 100-continue``; the log reads back. A PUT
-    the store refuses (a wrong key) leaves the version to its ZooKeeper entry: the next reader writes it."""
+    the store refuses (a wrong key) leaves the version to its ZooKeeper entry: the next reader writes
+    it. A PUT answered 503 is sent again."""
     j = jvm(spark)
     url = urllib.parse.urlsplit(object_store.endpoint.url)
     relay = Relay((url.hostname or "127.0.0.1", url.port or 80))
@@ -539,7 +540,9 @@ def test_a_commit_after_this_process_s_own_makes_one_put_and_no_probe(spark, s3_
     while listed.hasNext():
         names.append(listed.next().getPath().getName())
     assert names[-1] == last.getName()  # a reader completes it from the entry
-    for version in range(5):
+    relay.refuse(rb"PUT \S*/_delta_log/0{19}5\.json ", 2)  # the store sheds load twice: the PUT is sent again
+    assert len(write(5)[1]) == 3
+    for version in range(6):
         stream = fs.open(j.org.apache.hadoop.fs.Path(f"{log_dir}/{version:020d}.json"))
         assert json.loads(j.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")) == {"v": version}
         stream.close()

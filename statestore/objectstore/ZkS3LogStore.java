@@ -631,7 +631,11 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         try {
             put(fs, resolved, data);
         } catch (IOException e) {
-            return;  // recoverable: listFrom / the next commit finishes it from the entry
+            // recoverable: listFrom / the next commit finishes it from the entry; said, as a refusal
+            // that lasts (wrong keys, a full bucket) fails that writer too
+            System.err.println("deltawheel: " + resolved + " not written after its log entry was made (" + e
+                + "); the next commit or listing of " + tablePath + " writes it from the entry");
+            return;
         }
         LAST_WRITTEN.put(tablePath.toString(), new FileStatus(data.length, false, 1, fs.getDefaultBlockSize(resolved),
             System.currentTimeMillis(), resolved));

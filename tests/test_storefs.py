@@ -157,6 +157,35 @@ def test_an_s3_file_goes_up_in_one_put_and_a_failed_upload_still_raises(object_s
 
 
 @pytest.mark.objectstore
+def test_behind_an_s3a_proxy_every_request_goes_through_it(object_store, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    """With ``fs.s3a.proxy.host`` and ``.port`` set, as S3A is configured, the Python side reaches the store
+    through that proxy too: small files (otherwise our own signed PUT, which takes no proxy) and large
+    ones go up and are read back through it, in a proxy's absolute-form requests."""
+    import re
+    from urllib.parse import urlsplit
+
+    from wire_util import Relay
+
+    ep = object_store.endpoint
+    url = urlsplit(ep.url)
+    proxy = Relay((url.hostname or "127.0.0.1", url.port or 80))
+    host, port = proxy.address.split(":")
+    conf = {"fs.s3a.endpoint": ep.url, "fs.s3a.access.key": ep.access_key, "fs.s3a.secret.key": ep.secret_key,
+            "fs.s3a.path.style.access": "true", f"fs.s3a.bucket.{s3_bucket}.proxy.host": host,
+            f"fs.s3a.bucket.{s3_bucket}.proxy.port": port}
+    files = TableFiles(f"{s3_bucket}/{uuid.uuid4().hex}/t", S3Settings.from_hadoop(conf.get, s3_bucket))
+    table = pa.table({"n": pa.array(range(1000), pa.int64())})
+    files.write_text("_delta_log/0.json", '{"add": 1}')
+    files.write_parquet(table, "part-0.parquet")
+    assert files.read_text("_delta_log/0.json") == '{"add": 1}' and files.read_parquet("part-0.parquet").equals(table)
+    wire = bytes(proxy.seen)
+    for name in ("_delta_log/0.json", "part-0.parquet"):
+        # (a request may follow a body that ends without a line break)
+        assert re.search(rb"PUT http://%s/\S*/t/%s " % (url.netloc.encode(), re.escape(name.encode())), wire), name
+        assert re.search(rb"GET http://\S*/t/%s " % re.escape(name.encode()), wire), name
+
+
+@pytest.mark.objectstore
 def test_background_uploads_are_all_landed_when_the_block_ends(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
     """Inside ``background_uploads`` the S3 PUTs run while the caller goes on; leaving the block
     waits for every one, and a failed PUT is raised there (after the others landed), so what

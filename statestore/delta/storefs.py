@@ -31,6 +31,7 @@ class S3Settings:
     session_token: str | None = None  # temporary credentials (fs.s3a.session.token)
     path_style: bool = False  # bucket in the path, not in the host name
     region: str | None = None
+    proxy: str | None = None  # an HTTP proxy's URI (fs.s3a.proxy.*): every request goes through it
 
     @classmethod
     def from_hadoop(cls, get: Callable[[str], str | None], bucket: str) -> S3Settings:
@@ -39,8 +40,10 @@ class S3Settings:
         >>> conf = {"fs.s3a.endpoint": "http://127.0.0.1:9000", "fs.s3a.path.style.access": "true",
         ...         "fs.s3a.bucket.b.access.key": "k", "fs.s3a.secret.key": "s", "fs.s3a.session.token": "t"}
         >>> s = S3Settings.from_hadoop(conf.get, "b")
-        >>> (s.endpoint, s.scheme, s.access_key, s.secret_key, s.session_token, s.path_style)
-        ('127.0.0.1:9000', 'http', 'k', 's', 't', True)
+        >>> (s.endpoint, s.scheme, s.access_key, s.secret_key, s.session_token, s.path_style, s.proxy)
+        ('127.0.0.1:9000', 'http', 'k', 's', 't', True, None)
+        >>> S3Settings.from_hadoop({"fs.s3a.proxy.host": "p", "fs.s3a.proxy.username": "u@x"}.get, "b").proxy
+        'http://u%40x@p:443'
         """
         def conf(key: str) -> str | None:
             value = get(f"fs.s3a.bucket.{bucket}.{key}") or get(f"fs.s3a.{key}")
@@ -52,9 +55,14 @@ class S3Settings:
         if endpoint is not None and "://" in endpoint:
             parts = urlsplit(endpoint)
             scheme, endpoint = parts.scheme or scheme, parts.netloc or None
+        proxy = None
+        if (proxy_host := conf("proxy.host")) is not None:  # s3a's port default: the store's scheme's
+            user = ":".join(quote(v, safe="") for v in (conf("proxy.username"), conf("proxy.password")) if v)
+            proxy = (f"{'https' if (conf('proxy.secured') or '').lower() == 'true' else 'http'}://"
+                     f"{user + '@' if user else ''}{proxy_host}:{conf('proxy.port') or (443 if ssl else 80)}")
         return cls(endpoint=endpoint, scheme=scheme, access_key=conf("access.key"), secret_key=conf("secret.key"),
                    session_token=conf("session.token"), path_style=(conf("path.style.access") or "false").lower() == "true",
-                   region=conf("endpoint.region") or conf("region"))
+                   region=conf("endpoint.region") or conf("region"), proxy=proxy)
 
 
 def local_path(path: str) -> str | None:
@@ -88,7 +96,7 @@ def _s3(settings: S3Settings) -> Any:
         scheme=settings.scheme, region=settings.region or "us-east-1",
         force_virtual_addressing=not settings.path_style and settings.endpoint is not None,
         allow_delayed_open=True,  # a small file goes up in one PUT on close
-        connect_timeout=10, request_timeout=60)
+        connect_timeout=10, request_timeout=60, proxy_options=settings.proxy)
 
 
 @dataclass(frozen=True)
@@ -254,7 +262,8 @@ _CONNECTIONS = threading.local()  # a thread's kept-alive connections, by (schem
 
 def _signs(s3: S3Settings, path: str, size: int) -> bool:
     """Whether :func:`signed_put` uploads ``path``: the keys set, and where the bucket answers known (an endpoint,
-    or AWS in a set region; a dotted bucket name on AWS would not match its certificate as a host name).
+    or AWS in a set region; a dotted bucket name on AWS would not match its certificate as a host name), and
+    no proxy (pyarrow takes it).
 
     >>> keys = {"access_key": "k", "secret_key": "s"}
     >>> [_signs(S3Settings(endpoint="h:9000", **keys), "b/x", 10), _signs(S3Settings(endpoint="h:9000"), "b/x", 10)]
@@ -262,11 +271,12 @@ def _signs(s3: S3Settings, path: str, size: int) -> bool:
     >>> [_signs(S3Settings(**keys), "b/x", 10), _signs(S3Settings(region="eu-west-1", **keys), "b/x", 10),
     ...  _signs(S3Settings(region="eu-west-1", **keys), "b.c/x", 10)]
     [False, True, False]
-    >>> _signs(S3Settings(endpoint="h:9000", **keys), "b/x", SIGNED_PUT_MAX + 1)
-    False
+    >>> [_signs(S3Settings(endpoint="h:9000", **keys), "b/x", SIGNED_PUT_MAX + 1),
+    ...  _signs(S3Settings(endpoint="h:9000", proxy="http://p:80", **keys), "b/x", 10)]
+    [False, False]
     """
     known = s3.endpoint is not None or (s3.region is not None and "." not in path.partition("/")[0])
-    return bool(s3.access_key and s3.secret_key) and known and size <= SIGNED_PUT_MAX
+    return bool(s3.access_key and s3.secret_key) and known and size <= SIGNED_PUT_MAX and s3.proxy is None
 
 
 def _put(s3: S3Settings, path: str, data: Any) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from deltawheel.statestore.delta.checkpoints import newest_checkpoint
 from deltawheel.statestore.delta.jvm import jsession
 from deltawheel.statestore.delta.jvm import jvm as jvm_of
+from deltawheel.statestore.delta.log import read_snapshot
 from deltawheel.statestore.delta.storefs import TableFiles, files_for, table_files
 
 __all__ = ["checkpoint_newest", "clean_log", "log_entries", "log_files"]
@@ -31,7 +32,9 @@ def log_entries(path: str, spark: Any | None = None) -> int:
 
 def checkpoint_newest(spark: Any, path: str) -> int | None:
     """Checkpoint the table at its newest version if not done; the version checkpointed (None: it was)."""
-    version = int(spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["version"])
+    snap = read_snapshot(files) if (files := table_files(spark, path)) is not None else None
+    version = snap.version if snap is not None else int(
+        spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["version"])
     if (folder := log_files(path, spark)) is not None:
         cp, _ok = newest_checkpoint(folder.listdir() or [])
         if cp is not None and cp.version >= version:

@@ -21,6 +21,7 @@ from deltawheel.statestore.writepath.streams import list_streams
 
 from .exceptions import ReplayHorizonError, RetentionError, VacuumRetentionError
 from .streamretention import stream_retention
+from .unchanged import live_files, nothing_to_compact, nothing_to_vacuum
 
 __all__ = ["GcAction", "GcReport", "run_gc", "VacuumRetentionError", "ReplayHorizonError", "RetentionError",
            "MIN_VACUUM_RETAIN_HOURS", "METRICS_RETENTION_HOURS", "check_replay_horizon"]
@@ -180,6 +181,11 @@ class _Run:
     def compact(self) -> None:
         for name, path in self.tables:
             self.step(f"{'compacting' if self.apply else 'counting the files of'} {name}")
+            snap = live_files(self.spark, path)
+            if snap is not None and nothing_to_compact(snap):
+                self.actions.append(GcAction("compact", name, f"{len(snap.adds)} files before OPTIMIZE, at most one "
+                                             "per partition: nothing to merge", len(snap.adds)))
+                continue
             files = self.spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["numFiles"]
             if self.apply:  # again when a concurrent commit made Delta refuse it
                 try:
@@ -206,6 +212,10 @@ class _Run:
         try:
             for name, path in self.tables:
                 self.step(f"{'vacuuming' if self.apply else 'listing unreferenced files of'} {name}")
+                snap = live_files(self.spark, path)
+                if snap is not None and nothing_to_vacuum(self.spark, path, snap):
+                    self.actions.append(GcAction("vacuum", name, "no unreferenced files", 0))
+                    continue
                 if self.apply:
                     removed = self.spark.sql(f"VACUUM delta.`{path}` RETAIN {retain_hours} HOURS").count()
                     self.actions.append(GcAction("vacuum", name, f"vacuumed files older than {retain_hours:g} h",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -207,11 +208,13 @@ def test_vacuum_keeps_files_the_image_path_wrote(spark, migrated_store, old_quot
     assert [p.rsplit("/", 1)[0] for p in logged] == (
         ["computation%3Dc/interval%3D1", "computation=c/interval=0"] if old_quoting
         else ["computation=c/interval=0", "computation=c/interval=1"])
+    stray = Path(rows) / "computation=c" / "interval=1" / "stray.parquet"  # unreferenced: VACUUM has work
+    stray.write_bytes(b"x")
     _age_files(migrated_store.root, EIGHT_DAYS_S)
     # as a user runs it, the store's own ZooKeeper started for the ZooKeeper passes
     assert main(["gc", "--store", migrated_store.root, "--apply", "--vacuum-retain-hours", "0", "--force"]) == 0
     out = capsys.readouterr().out
-    assert "vacuumed files older than 0 h" in out, out
+    assert "vacuumed files older than 0 h" in out and not stray.exists(), out
     assert re.findall(r"\[done\] paths +computations/c/rows: (\d+) live files recorded under URL-quoted paths", out) == (
         ["1"] if old_quoting else []), out
     want = [("c", 0, "by_delta", b"1", 0), ("c", 1, "by_image", b"2", 0)]

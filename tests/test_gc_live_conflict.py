@@ -61,6 +61,6 @@ def test_a_compaction_that_loses_every_attempt_to_a_live_writer_is_skipped_and_r
     busy = next(d for name, d in compact.items() if name.endswith("busy"))
     assert busy.startswith("skipped: a concurrent commit won each attempt"), busy
     assert busy.endswith("the next gc tries again")
-    assert any(d.endswith("files before OPTIMIZE") for d in compact.values())  # the other tables were compacted
+    assert any("files before OPTIMIZE" in d for d in compact.values())  # the other tables were compacted
     assert any(a.pass_name == "vacuum" for a in report.actions)  # and the passes after compaction ran
     assert spark.read.format("delta").load(path).count() == 12  # the same records: the writer changed no data

@@ -73,7 +73,7 @@ def test_gc_compacts_and_vacuums_every_computations_rows_table(  # type: ignore[
         assert re.search(rf"\[done\] log +computations/{c}/rows: ", out), out
         assert after[c] == (before[c][0], before[c][0]), (c, before[c], after[c])  # nothing unreferenced left
     # the store's first rows table (empty since migration 8) is vacuumed too
-    assert re.search(r"\[done\] vacuum +rows: vacuumed files older than 0 h", out), out
+    assert re.search(r"\[done\] vacuum +rows: (vacuumed files older than 0 h|no unreferenced files)", out), out
     assert {c: state_of(spark, migrated_store, c) for c in tables} == state
     # and the engine goes on from there, on both tables
     _batches(spark, migrated_store, zk_config, Tally(), range(2, 3))

@@ -20,8 +20,8 @@ from deltawheel.statestore.rowtable.tables import rows_tables
 from deltawheel.statestore.writepath.streams import list_streams
 
 from .exceptions import ReplayHorizonError, RetentionError, VacuumRetentionError
-from .streamretention import stream_retention
-from .unchanged import live_files, nothing_to_compact, nothing_to_vacuum
+from .streamretention import StreamRetention, stream_retention
+from .unchanged import live_files, nothing_before, nothing_to_compact, nothing_to_vacuum
 
 __all__ = ["GcAction", "GcReport", "run_gc", "VacuumRetentionError", "ReplayHorizonError", "RetentionError",
            "MIN_VACUUM_RETAIN_HOURS", "METRICS_RETENTION_HOURS", "check_replay_horizon"]
@@ -157,8 +157,10 @@ class _Run:
         for name, path in self.tables:
             if path.startswith(self.layout.streams_root):
                 self.step(f"stream retention of {name}")
-                found = stream_retention(self.spark, self.layout, path, stream=name, cutoff_ms=cutoff,
-                                         apply=self.apply, rows_table=True)
+                snap = live_files(self.spark, path)
+                found = StreamRetention(0, 0) if snap is not None and nothing_before(snap, "timestamp_ms", cutoff) \
+                    else stream_retention(self.spark, self.layout, path, stream=name, cutoff_ms=cutoff,
+                                          apply=self.apply, rows_table=True)
                 held = (f"; {found.held} older ones kept: their productions are still checkpointed (a restart "
                         "may redeliver them), the next batch of their interval clears them" if found.held else "")
                 self.actions.append(GcAction("stream_retention", name, f"{found.removed} records with timestamp "
@@ -171,7 +173,9 @@ class _Run:
         self.step("metrics retention" if pass_name == "metrics_retention"
                   else f"{pass_name.replace('_', ' ')} of {name}")
         cutoff = self.now_ms - ms
-        n = self.spark.read.format("delta").load(path).where(F.col("recorded_ms") < cutoff).count()
+        snap = live_files(self.spark, path)
+        n = 0 if snap is not None and nothing_before(snap, "recorded_ms", cutoff) else (
+            self.spark.read.format("delta").load(path).where(F.col("recorded_ms") < cutoff).count())
         if self.apply and n:
             on_conflict_again(lambda: self.spark.sql(f"DELETE FROM delta.`{path}` WHERE recorded_ms < {int(cutoff)}"))
         what = "rows" if pass_name == "metrics_retention" else "records"

@@ -4,6 +4,7 @@ nothing to do. Each answer is exact or "unsure" (then Delta's own command runs).
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 from urllib.parse import unquote
@@ -11,7 +12,7 @@ from urllib.parse import unquote
 from deltawheel.statestore.delta.log import LogSnapshot, read_snapshot
 from deltawheel.statestore.delta.storefs import table_files
 
-__all__ = ["live_files", "nothing_to_compact", "nothing_to_vacuum"]
+__all__ = ["live_files", "nothing_before", "nothing_to_compact", "nothing_to_vacuum"]
 
 
 def live_files(spark: Any, path: str) -> LogSnapshot | None:
@@ -59,5 +60,24 @@ def nothing_to_vacuum(spark: Any, path: str, snap: LogSnapshot) -> bool:
     for info in files.fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=True)):
         rel = info.path[len(root):].lstrip("/")
         if info.type == pafs.FileType.File and not any(_hidden(p) for p in rel.split("/")) and rel not in live:
+            return False
+    return True
+
+
+def nothing_before(snap: LogSnapshot, column: str, cutoff: int) -> bool:
+    """True when no row of ``snap`` has ``column`` below ``cutoff``, by each file's statistics in the log
+    (a file's minimum bounds its rows, deleted ones too); False when a file has none for ``column``.
+
+    >>> def snap(*stats): return LogSnapshot(version=1, adds=tuple({"path": "x", "stats": s} for s in stats),
+    ...                                      configuration={}, txns={})
+    >>> nothing_before(snap('{"numRecords": 2, "minValues": {"t": 10}}', '{"numRecords": 0}'), "t", 10)
+    True
+    >>> [nothing_before(snap('{"numRecords": 2, "minValues": {"t": 9}}'), "t", 10), nothing_before(snap(None), "t", 10)]
+    [False, False]
+    """
+    for add in snap.adds:
+        stats = json.loads(add.get("stats") or "{}")
+        low = (stats.get("minValues") or {}).get(column)
+        if stats.get("numRecords") != 0 and not (isinstance(low, (int, float)) and low >= cutoff):
             return False
     return True

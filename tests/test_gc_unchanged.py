@@ -67,3 +67,23 @@ def test_a_skipped_pass_is_one_delta_would_have_done_nothing_in(spark, tmp_path:
     assert by_step["vacuumed"] == (True, True, True) and by_step["hidden files only"] == (True, True, True)
     assert by_step["a stray file"][0] is False and by_step["a deletion vector"][1] is False
     assert sorted(r["id"] for r in spark.read.format("delta").load(path).collect()) == [1, 2, 4, 5]
+
+
+def test_a_retention_skipped_by_the_files_statistics_had_no_row_to_remove(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The retention passes skip their Spark count where every file's minimum of the column is at or
+    past the cutoff: for each cutoff, a skip means Spark counts no row before it, and it fires at
+    the oldest row's time; a file without statistics is never skipped."""
+    from deltawheel.gc.unchanged import nothing_before
+
+    path = str(tmp_path / "m")
+    for rows in ([(1, 100), (2, 250)], [(3, 175)]):
+        spark.createDataFrame(rows, "id INT, recorded_ms BIGINT").write.format("delta").mode("append").save(path)
+    snap = live_files(spark, path)
+    assert snap is not None
+    table = spark.read.format("delta").load(path)
+    skipped = {c: nothing_before(snap, "recorded_ms", c) for c in (99, 100, 101, 175, 176, 251)}
+    for cutoff, skip in skipped.items():
+        assert not skip or table.where(f"recorded_ms < {cutoff}").count() == 0, cutoff
+    assert skipped == {99: True, 100: True, 101: False, 175: False, 176: False, 251: False}
+    bare = type(snap)(version=snap.version, adds=tuple({**a, "stats": None} for a in snap.adds), configuration={}, txns={})
+    assert not nothing_before(bare, "recorded_ms", 0)

@@ -63,7 +63,8 @@ def test_the_peak_names_each_process_of_the_tree_what_started_and_what_sat_idle(
     peak = mem.peak
     by_pid = {p.pid: p for p in peak.at_peak}
     assert big.pid in by_pid and before.pid in by_pid  # the peak is the sample with the big child
-    assert by_pid[big.pid].role == "other_python" and by_pid[big.pid].pss_bytes > 96 * 2**20
+    # most of its 96 MiB: the kernel's proactive reclaim (DAMON) may page out some of a block touched once
+    assert by_pid[big.pid].role == "other_python" and by_pid[big.pid].pss_bytes > 64 * 2**20
     assert peak.is_new(by_pid[big.pid]) and not peak.is_new(by_pid[before.pid])
     assert peak.cpu_in_run(by_pid[big.pid]) >= 0.3 and peak.cpu_in_run(by_pid[before.pid]) < 0.1
     assert peak.pss_bytes == sum(p.pss_bytes for p in peak.at_peak)

@@ -9,7 +9,7 @@ import importlib
 
 import pytest
 
-MODULES = ["deltawheel.gc.passes", "deltawheel.gc.background", "deltawheel.gc.inputsets",
+MODULES = ["deltawheel.gc.passes", "deltawheel.gc.background", "deltawheel.gc.inputsets", "deltawheel.gc.unchanged",
            "deltawheel.benchmarks.memory", "deltawheel.benchmarks.throughput", "deltawheel.benchmarks.commits"]
 
 

@@ -35,8 +35,8 @@ def checkpoint_newest(spark: Any, path: str) -> int | None:
     snap = read_snapshot(files) if (files := table_files(spark, path)) is not None else None
     version = snap.version if snap is not None else int(
         spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["version"])
-    if (folder := log_files(path, spark)) is not None:
-        cp, _ok = newest_checkpoint(folder.listdir() or [])
+    if files is not None:
+        cp, _ok = newest_checkpoint(files.sub("_delta_log").listdir() or [])
         if cp is not None and cp.version >= version:
             return None
     jvm = jvm_of(spark)

@@ -248,3 +248,36 @@ def test_a_commit_ends_in_one_py4j_call_and_lands_what_the_py4j_path_lands(spark
     assert jvm_rows == py_rows and set(jvm_rows) == set().union(*steps)
     assert jvm_log == py_log and sum(removes > 0 for _adds, removes, _txns in jvm_log) >= len(steps) - 1
     assert jvm_calls < py_calls - 5 * len(steps), (jvm_calls, py_calls)
+
+
+@pytest.mark.parametrize("seed", [11])
+def test_a_commit_is_refused_exactly_when_a_commit_since_its_read_touched_its_partitions(spark, migrated_store,
+                                                                                          seed: int) -> None:  # type: ignore[no-untyped-def]
+    """``untouched_since``: other processes' commits land between a writer's read and its commit, each
+    in a random interval; the commit is refused (StaleFilesError) exactly when one of them touched an
+    interval of the writer's."""
+    from deltawheel.statestore.exceptions import StaleFilesError
+
+    rnd = random.Random(seed)
+    RowStore(spark, migrated_store, writer="w").fence("counter", {0: 1, 1: 1})
+    table = Path(migrated_store.rows_of("counter"))
+    log = TableLog(spark, str(table))
+    mine = [{"computation": "counter", "interval": "0"}, {"computation": "counter", "interval": "1"}]
+    outcomes = []
+    for _ in range(10):
+        read = log.version_now()
+        touched = False
+        for _k in range(rnd.randint(0, 3)):
+            version = max(dlog.json_commit_versions(str(table)) or [0])
+            iv = rnd.randrange(N)
+            touched |= iv in (0, 1)
+            _hand_commit(table, version + 1, [_rows_file(table, "counter", iv, 1)])
+        try:
+            got = log.commit(add=[_rows_file(table, "counter", 0, 1)], untouched_since=(read, mine))
+        except StaleFilesError:
+            outcomes.append(touched)
+            assert touched, "refused though no commit since the read touched its intervals"
+            continue
+        outcomes.append(touched)
+        assert not touched, f"commit {got} landed over a commit that touched its intervals"
+    assert True in outcomes and False in outcomes  # both ways were taken

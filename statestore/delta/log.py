@@ -16,7 +16,7 @@ from ..exceptions import StoreDamagedError
 from .checkpoints import CHECKPOINT_NAME, UnreadableCheckpoint, checkpoint_actions, newest_checkpoint
 from .storefs import TableFiles, local_path
 
-__all__ = ["LogSnapshot", "read_snapshot", "files_of", "log_files", "local_table_exists", "local_path",
+__all__ = ["LogSnapshot", "first_touching", "read_snapshot", "files_of", "log_files", "local_table_exists", "local_path",
            "commit_infos", "commit_info", "commit_info_in", "json_commit_versions", "damaged_entry",
            "DAMAGE_DOC", "newest_commit_info", "user_metadata", "own_snapshot", "note_own_commit", "forget_snapshot",
            "disown_snapshot"]
@@ -374,6 +374,42 @@ def commit_infos(path: str | TableFiles, *, after: int) -> list[tuple[int, dict[
     versions = [v for v in _commit_versions(names) if v > after]
     return [(v, info) for v, got in zip(versions, _read_jsons(log, versions), strict=True)
             if got is not None and (info := commit_info_in(*got)) is not None]
+
+
+def first_touching(path: str | TableFiles, after: int, upto: int,
+                   partitions: set[tuple[tuple[str, str], ...]]) -> int | None:
+    """The first commit in (``after``, ``upto``] that changed the metadata or the protocol, or added or
+    removed a file of ``partitions`` (each sorted (column, value) pairs); -1: none; None: a commit is not
+    readable here (remote, cleaned up). The JSON commits are read at once, not one after another.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp(); os.mkdir(f"{d}/_delta_log")
+    >>> def put(v, act): open(f"{d}/_delta_log/{v:020d}.json", "w").write(json.dumps(act) + "\\n")
+    >>> put(1, {"add": {"path": "a", "partitionValues": {"interval": "1"}}})
+    >>> put(2, {"remove": {"path": "b", "partitionValues": {"interval": "2"}}})
+    >>> first_touching(d, 0, 2, {(("interval", "2"),)}), first_touching(d, 0, 1, {(("interval", "2"),)})
+    (2, -1)
+    >>> first_touching(d, 0, 3, {(("interval", "9"),)}) is None  # version 3 is not there
+    True
+    """
+    log = log_files(path)
+    if log is None or upto <= after:
+        return None if log is None else -1
+    versions = list(range(after + 1, upto + 1))
+    for v, got in zip(versions, _read_jsons(log, versions), strict=True):
+        if got is None:
+            return None
+        file, lines = got
+        for line in lines:
+            if '"metaData"' in line or '"protocol"' in line:
+                if {"metaData", "protocol"} & _parse(line, file).keys():
+                    return v
+            elif '"add"' in line or '"remove"' in line:
+                act = _parse(line, file)
+                f = act.get("add") or act.get("remove")
+                if f is not None and tuple(sorted((f.get("partitionValues") or {}).items())) in partitions:
+                    return v
+    return -1
 
 
 def newest_commit_info(path: str | TableFiles,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote, unquote
@@ -12,7 +13,7 @@ from urllib.parse import quote, unquote
 from ..exceptions import StaleFilesError
 from .jvm import DeltaClasses, delta_classes, jsession, per_owner
 from .jvm import jvm as jvm_of
-from .log import LogSnapshot, own_snapshot, read_snapshot
+from .log import LogSnapshot, first_touching, json_commit_versions, own_snapshot, read_snapshot
 from .maintenance import note_commit
 from .storefs import TableFiles, table_files
 
@@ -166,11 +167,15 @@ class TableLog:
     def _touched(self, txn: Any, version: int, partitions: Iterable[Mapping[str, str]], *,
                  upto: int | None = None) -> int | None:
         """The first commit in (version, txn's snapshot] that touched ``partitions`` or the metadata."""
-        wanted = {tuple(sorted(p.items())) for p in partitions}
+        wanted = _partition_keys(partitions)
         if upto is None:
             upto = int(txn.snapshot().version())
         if upto <= version:
             return None
+        if self._files is not None:  # read in Python, the commits at once (the JVM's walk: a call per action)
+            found = first_touching(self._files, version, upto, wanted)
+            if found is not None:
+                return None if found < 0 else found
         # getChanges(startVersion, catalogTable, failOnDataLoss): a path-based table has no catalog entry
         cc = self._d.cc
         changes = self._log.getChanges(version + 1, self._d.none, False)
@@ -221,17 +226,27 @@ class TableLog:
         Returns the new version; raises whatever Delta raises."""
         held = self._log.unsafeVolatileSnapshot() if known_version is not None else None
         at: int | None = None
+        stale: int | None = None  # a commit since the writer's read that touched its partitions
         if held is not None and int(held.version()) == known_version:
             txn = self._log.startTransaction(self._d.none, self._d.some(held))
             at = known_version
         else:
+            # the commits since the writer's read are read in Python while the JVM lists the log
+            files, since = self._files, untouched_since
+            early = None if since is None or files is None else _READS.submit(
+                _listed_touching, files, since[0], _partition_keys(since[1]))
             txn = self._log.startTransaction()
+            if early is not None and files is not None and since is not None:
+                first = _within(early.result(), files, since[0], int(txn.snapshot().version()),
+                                _partition_keys(since[1]))
+                if first is not None:  # checked here
+                    stale, untouched_since = (first if first >= 0 else None), None
         if check is not None:
             check()
         if untouched_since is not None:
-            v = self._touched(txn, *untouched_since, upto=at)
-            if v is not None:
-                raise StaleFilesError(f"commit {v} of {self.path} changed partitions this writer holds images of")
+            stale = self._touched(txn, *untouched_since, upto=at)
+        if stale is not None:
+            raise StaleFilesError(f"commit {stale} of {self.path} changed partitions this writer holds images of")
         now = int(time.time() * 1000)
         app_actions = [json.dumps({"txn": {"appId": app, "version": int(ver), "lastUpdated": now}})
                        for app, ver in (app_versions or {}).items()]
@@ -255,6 +270,37 @@ class TableLog:
         version = int(txn.commit(self._seq(actions), operation))
         note_commit(self.spark, self.path, version)
         return version
+
+
+_READS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="deltawheel-touched")
+
+
+def _partition_keys(partitions: Iterable[Mapping[str, str]]) -> set[tuple[tuple[str, str], ...]]:
+    return {tuple(sorted(p.items())) for p in partitions}
+
+
+def _listed_touching(files: TableFiles, after: int, wanted: set[tuple[tuple[str, str], ...]]
+                     ) -> tuple[int, int | None] | None:
+    """(the newest JSON commit listed, :func:`first_touching` of (``after``, it]); None: not listed."""
+    versions = json_commit_versions(files)
+    if not versions:
+        return None
+    newest = max(versions[-1], after)
+    return newest, first_touching(files, after, newest, wanted)
+
+
+def _within(listed: tuple[int, int | None] | None, files: TableFiles, after: int, upto: int,
+            wanted: set[tuple[tuple[str, str], ...]]) -> int | None:
+    """From :func:`_listed_touching`'s answer, the first commit in (``after``, ``upto``] touching ``wanted``:
+    a version, -1 (none), or None (not known here: ask the JVM)."""
+    if listed is None or listed[1] is None:
+        return None
+    newest, found = listed
+    if found is not None and 0 <= found <= upto:
+        return found
+    if (found is not None and found > upto) or newest >= upto:
+        return -1
+    return first_touching(files, newest, upto, wanted)  # committed after the listing
 
 
 def decode_path(rel: str) -> str:

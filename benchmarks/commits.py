@@ -1,6 +1,8 @@
 """``deltawheel bench commits``: the commit ceiling of one store's rows tables, N writers at once.
 
-Shape ``computations``: a rows table per writer; ``instances``: one shared rows table. The writers are
+Shape ``computations``: a rows table per writer; ``instances``: one shared rows table, its writers taking
+turns at its commits as instances sharing intervals do (``zk/turns.py``); ``instances-racing``: the same
+without turns. The writers are
 threads of one session with Delta's in-JVM commit lock off, so they race as processes do; the Delta
 log read back must hold exactly what they counted (docs/scale.md)."""
 
@@ -22,7 +24,7 @@ from .plot import plot_commits
 
 __all__ = ["run", "failed_checks", "run_from_args", "measure_point", "Servers", "summarize", "point_line", "percentile"]
 
-SHAPES = ("computations", "instances")
+SHAPES = ("computations", "instances", "instances-racing")
 TARGETS = ("local", "s3a")
 BUCKET = "dw-bench-commits"
 #: Delta's in-JVM lock around a table's commit, off (the writers share one JVM)
@@ -186,7 +188,8 @@ class Servers:
 def _specs(shape: str, n: int, keys_per_batch: int) -> list[WriterSpec]:
     if shape == "computations":
         return [WriterSpec(f"w{i:02d}", f"c{i:02d}", (0, 1), 2, keys_per_batch) for i in range(n)]
-    return [WriterSpec(f"w{i:02d}", "shared", (2 * i, 2 * i + 1), 2 * n, keys_per_batch) for i in range(n)]
+    return [WriterSpec(f"w{i:02d}", "shared", (2 * i, 2 * i + 1), 2 * n, keys_per_batch, turns=shape == "instances")
+            for i in range(n)]
 
 
 def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: int, seconds: float,
@@ -282,6 +285,7 @@ def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: i
         "log_versions_after_start": len(infos),
         "commits_between_snapshot_and_version_mean": round(sum(between) / len(between), 3) if between else None,
         "writers_without_commit": sum(1 for st in stats if st.commits == 0),
+        "commits_without_turn": sum(st.turns_skipped for st in stats),
         "longest_batch_in_flight_at_end_s": round(max(in_flight, default=0.0), 2),
         "keys_missing": missing, "writer_errors": [repr(e) for e in errors],
     })

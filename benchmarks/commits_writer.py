@@ -25,6 +25,7 @@ class WriterSpec:
     intervals: tuple[int, ...]
     num_intervals: int
     keys_per_batch: int = 8
+    turns: bool = False  # take turns at the table's commits (``zk/turns.py``), as instances sharing intervals do
 
 
 @dataclass(kw_only=True)
@@ -40,6 +41,7 @@ class WriterStats:
     failed: dict[str, int] = field(default_factory=dict)
     commit_ids: list[str] = field(default_factory=list)
     keys: set[str] = field(default_factory=set)
+    turns_skipped: int = 0  # commits made without a turn (``WriterSpec.turns``)
     batch_started: float | None = None  # monotonic start of the batch under way (None: between batches)
 
 
@@ -74,6 +76,12 @@ def run_writer(spark: Any, layout: Any, zk: Any, *, pipeline: str, spec: WriterS
     leases = LeaseManager(client, pipeline=pipeline, owner=spec.name)
     authority = WatermarkAuthority(client, pipeline=pipeline)
     store = RowStore(spark, layout, writer=spec.name, conflict_retries=10)
+    turns = None
+    if spec.turns:
+        from deltawheel.statestore.zk.turns import CommitTurns
+
+        turns = CommitTurns(client, pipeline=pipeline, writer=spec.name)
+        store.turns = turns.turn
     codec = get_codec("json")
     publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{spec.name}-watermarks")
     published: Future[Any] | None = None
@@ -132,6 +140,7 @@ def run_writer(spark: Any, layout: Any, zk: Any, *, pipeline: str, spec: WriterS
                 stats.commit_ids.append(res.commit_id)
                 stats.keys.update(picked)
     finally:
+        stats.turns_skipped = 0 if turns is None else turns.skipped
         publisher.shutdown(wait=True)
         with contextlib.suppress(Exception):
             leases.release(spec.computation)

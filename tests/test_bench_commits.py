@@ -30,6 +30,7 @@ def test_two_writers_on_a_folder(spark, zk_server, migrated_store, shape: str) -
                           seconds=3.0, warmup=0.5)
     _check(point, 2)
     assert point["log_versions_after_start"] >= point["commits"]
+    assert point["commits_without_turn"] == 0  # the instances take turns, and every turn came
 
 
 def test_a_point_without_a_commit_fails_the_run() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -50,7 +51,7 @@ def test_a_starting_instance_reads_its_share_again_after_its_zookeeper_connectio
                                   session_timeout_s=20.0))
         said: list[str] = []
         try:
-            wiring = Wiring(client=client, leases=None, authority=None, store=None)  # type: ignore[arg-type]
+            wiring = Wiring(client=client, leases=None, authority=None, store=types.SimpleNamespace())  # type: ignore[arg-type]
             share = _NoSpark(None, None, SimpleNamespace(name="p"), wiring=wiring,  # type: ignore[arg-type]
                              instance="a", progress=said.append, write_path="auto")
             # not a member: once it reads the target it starts nothing (no Spark needed)

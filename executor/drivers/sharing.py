@@ -12,6 +12,7 @@ from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.zk.client import zk_errors
 from deltawheel.statestore.zk.lease_tools import list_leases
 from deltawheel.statestore.zk.members import Membership, members_path, target
+from deltawheel.statestore.zk.turns import CommitTurns
 from kazoo.recipe.watchers import ChildrenWatch
 
 from ..computation import Computation
@@ -38,6 +39,8 @@ class Sharing:
         self.member = Membership(wiring.client, pipeline=pipeline.name, instance=instance, acls=wiring.acls,
                                  standby=standby)
         self.moves: list[MoveTiming] = []
+        # the instances commit to one rows table per computation: they take turns instead of racing
+        wiring.store.turns = CommitTurns(wiring.client, pipeline=pipeline.name, writer=instance, acls=wiring.acls).turn
         self._idle: dict[str, SharedInput] = {}  # per computation held by none: its batches' positions
 
     def join(self) -> None:

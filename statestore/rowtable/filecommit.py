@@ -4,10 +4,11 @@ Copy-on-write without Spark jobs: files holding a matched row become one new fil
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections import OrderedDict
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 from ..delta.deletionvectors import live_table
 from ..delta.log import disown_snapshot, note_own_commit
@@ -120,11 +121,13 @@ def _rewrite(files: TableFiles, entries: Sequence[Any], wanted: set[str], source
 
 
 def merge_files(log: TableLog, files: TableFiles, src: Sequence[Mapping[str, Any]], *, computation: str,
-                intervals: Sequence[int], meta: str, writer: str | None = None) -> int:
+                intervals: Sequence[int], meta: str, writer: str | None = None,
+                turn: Callable[[str], ContextManager[Any]] | None = None) -> int:
     """Apply the MERGE source ``src`` (rows with ``_op``) to ``intervals`` in one commit; returns its version.
 
     ``writer``: when this writer made the table's newest commit it knows of, the log is not listed
     again (Delta's conflict check at commit catches any commit since); a failed commit drops that mark.
+    ``turn(computation)``: held around the Delta commit alone (``RowStore.turns``).
 
     Raises:
         RuntimeError: the MERGE's stale-sequencer message (``translate_commit_error`` reads it).
@@ -146,9 +149,11 @@ def merge_files(log: TableLog, files: TableFiles, src: Sequence[Mapping[str, Any
             _rewrite(files, entries, wanted, source, schema, computation, removes, adds)
         parts = [{"computation": computation, "interval": v} for v in sorted(wanted)]
         try:
-            got = log.commit(remove=removes, add=adds, user_metadata=meta, known_version=version,
-                             read_partitions=[f"computation = '{computation}' AND interval = {v}" for v in sorted(wanted)],
-                             untouched_since=(version, parts))
+            with turn(computation) if turn is not None else contextlib.nullcontext():
+                got = log.commit(remove=removes, add=adds, user_metadata=meta, known_version=version,
+                                 read_partitions=[f"computation = '{computation}' AND interval = {v}"
+                                                  for v in sorted(wanted)],
+                                 untouched_since=(version, parts))
         except StaleFilesError:
             disown_snapshot(files)
             continue  # list them again

@@ -5,6 +5,7 @@ where they are reachable (``filecommit.py``), else in Delta."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -12,7 +13,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
 
 from ..clock import Clock, SystemClock
 from ..codecs import CODEC_NAMES, base_name
@@ -87,6 +88,9 @@ class RowStore:
         self.stats = StoreStats()
         self._lock = threading.Lock()
         self._row_files: dict[str, TableFiles | None] = {}
+        #: computation -> a context manager around each Delta commit (``zk/turns.py``: writers sharing a table
+        #: take turns at it); none by default
+        self.turns: Callable[[str], ContextManager[Any]] = lambda _computation: contextlib.nullcontext()
 
     def table_id(self) -> str:
         """The store's first rows table's Delta table id: the store's identity."""
@@ -329,7 +333,7 @@ class RowStore:
                 try:
                     if frame is None and (files := self._files(computation)) is not None:
                         merge_files(TableLog(self._spark, self.path(computation)), files, src, computation=computation,
-                                    intervals=touched, meta=info, writer=self.writer)
+                                    intervals=touched, meta=info, writer=self.writer, turn=self.turns)
                     else:
                         self._merge(src, computation, touched, info, frame=frame)
                     break
@@ -366,7 +370,8 @@ class RowStore:
         conf.set("spark.databricks.delta.commitInfo.userMetadata", meta)
         try:
             path = self.path(computation)
-            self._spark.sql(merge_sql(path, view, computation=computation, intervals=intervals))
+            with self.turns(computation):
+                self._spark.sql(merge_sql(path, view, computation=computation, intervals=intervals))
             note_merge(self._spark, path)
         finally:
             conf.unset("spark.databricks.delta.commitInfo.userMetadata")

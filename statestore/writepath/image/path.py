@@ -240,10 +240,11 @@ class ImagePath(WritePath[BatchOutput]):
             removes += drop
             kept[iv] = [f for f in self.files.get(iv, ()) if f not in drop]
         try:
-            version = self.log.commit(remove=removes, add=[a for iv in ivs for a in adds[iv]], user_metadata=info,
-                                      read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
-                                      untouched_since=(self.version, list(parts.values())),
-                                      known_version=self.version)
+            with self.owner.store.turns(name):  # instances sharing the table take turns (``zk/turns.py``)
+                version = self.log.commit(remove=removes, add=[a for iv in ivs for a in adds[iv]], user_metadata=info,
+                                          read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
+                                          untouched_since=(self.version, list(parts.values())),
+                                          known_version=self.version)
         except StaleFilesError as exc:
             # a takeover first (a zombie fails typed, never as a mere reload)
             self.owner.store.check_fences(name, seqs)

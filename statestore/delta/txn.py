@@ -166,16 +166,13 @@ class TableLog:
 
     def _touched(self, txn: Any, version: int, partitions: Iterable[Mapping[str, str]], *,
                  upto: int | None = None) -> int | None:
-        """The first commit in (version, txn's snapshot] that touched ``partitions`` or the metadata."""
+        """The first commit in (version, txn's snapshot] that touched ``partitions`` or the metadata, by the
+        JVM's walk (a py4j call per action): :meth:`commit` reads them in Python where it can."""
         wanted = _partition_keys(partitions)
         if upto is None:
             upto = int(txn.snapshot().version())
         if upto <= version:
             return None
-        if self._files is not None:  # read in Python, the commits at once (the JVM's walk: a call per action)
-            found = first_touching(self._files, version, upto, wanted)
-            if found is not None:
-                return None if found < 0 else found
         # getChanges(startVersion, catalogTable, failOnDataLoss): a path-based table has no catalog entry
         cc = self._d.cc
         changes = self._log.getChanges(version + 1, self._d.none, False)
@@ -233,12 +230,11 @@ class TableLog:
         else:
             # the commits since the writer's read are read in Python while the JVM lists the log
             files, since = self._files, untouched_since
-            early = None if since is None or files is None else _READS.submit(
-                _listed_touching, files, since[0], _partition_keys(since[1]))
+            wanted = set() if since is None else _partition_keys(since[1])
+            early = None if since is None or files is None else _READS.submit(_listed_touching, files, since[0], wanted)
             txn = self._log.startTransaction()
             if early is not None and files is not None and since is not None:
-                first = _within(early.result(), files, since[0], int(txn.snapshot().version()),
-                                _partition_keys(since[1]))
+                first = _within(early.result(), files, since[0], int(txn.snapshot().version()), wanted)
                 if first is not None:  # checked here
                     stale, untouched_since = (first if first >= 0 else None), None
         if check is not None:

@@ -135,8 +135,7 @@ def add_commits_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--writers", default="1,2,4,8,16", help="comma-separated writer counts N (default 1,2,4,8,16)")
     p.add_argument("--shapes", default="computations,instances",
                    help="comma-separated: computations (N computations of one pipeline, each its own leases), "
-                        "instances (N job instances sharing one computation's intervals, taking turns at its commits), "
-                        "instances-racing (the same without turns)")
+                        "instances (N job instances sharing one computation's intervals, taking turns at its commits)")
     p.add_argument("--targets", default="local,s3a",
                    help="comma-separated: local (a folder), s3a (S3Proxy behind Toxiproxy, the ZooKeeper log store)")
     p.add_argument("--latencies", default="0,20,50",

@@ -1,8 +1,7 @@
 """``deltawheel bench commits``: the commit ceiling of one store's rows tables, N writers at once.
 
 Shape ``computations``: a rows table per writer; ``instances``: one shared rows table, its writers taking
-turns at its commits as instances sharing intervals do (``zk/turns.py``); ``instances-racing``: the same
-without turns. The writers are
+turns at its commits as instances sharing intervals do (``zk/turns.py``). The writers are
 threads of one session with Delta's in-JVM commit lock off, so they race as processes do; the Delta
 log read back must hold exactly what they counted (docs/scale.md)."""
 
@@ -24,7 +23,7 @@ from .plot import plot_commits
 
 __all__ = ["run", "failed_checks", "run_from_args", "measure_point", "Servers", "summarize", "point_line", "percentile"]
 
-SHAPES = ("computations", "instances", "instances-racing")
+SHAPES = ("computations", "instances")
 TARGETS = ("local", "s3a")
 BUCKET = "dw-bench-commits"
 #: Delta's in-JVM lock around a table's commit, off (the writers share one JVM)
@@ -188,7 +187,7 @@ class Servers:
 def _specs(shape: str, n: int, keys_per_batch: int) -> list[WriterSpec]:
     if shape == "computations":
         return [WriterSpec(f"w{i:02d}", f"c{i:02d}", (0, 1), 2, keys_per_batch) for i in range(n)]
-    return [WriterSpec(f"w{i:02d}", "shared", (2 * i, 2 * i + 1), 2 * n, keys_per_batch, turns=shape == "instances")
+    return [WriterSpec(f"w{i:02d}", "shared", (2 * i, 2 * i + 1), 2 * n, keys_per_batch, turns=True)
             for i in range(n)]
 
 

@@ -200,7 +200,7 @@ def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: i
     ``count_hosts``: the ZooKeeper server whose zxid counts the writes (default ``zk_hosts``);
     ``set_latency``: Toxiproxy's, 0 while the store is made. Returns the figures and checks."""
     from deltawheel.statestore.config import ZkConfig
-    from deltawheel.statestore.delta.log import commit_infos
+    from deltawheel.statestore.delta.log import batch_metas, commit_infos, user_metadata
     from deltawheel.statestore.delta.storefs import table_files
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.rowtable.store import RowStore
@@ -271,16 +271,21 @@ def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: i
             t.join(timeout=600)
     infos = [vi for c, f in files.items() for vi in commit_infos(f, after=v0[c]) or []]
     counted = {cid for st in stats for cid in st.commit_ids}
-    mine = [(v, info, json.loads(info.get("userMetadata") or "{}")) for v, info in infos]
-    landed = [(v, info) for v, info, md in mine if md.get("commit_id") in counted]
-    between = [v - int(info["readVersion"]) - 1 for v, info in landed if info.get("readVersion") is not None]
+    # a group commit's version holds several writers' batches (``delta/group.py``): each counts once
+    landed = [(v, info) for v, info in infos for b in batch_metas(user_metadata(info.get("userMetadata")))
+              if b.get("commit_id") in counted]
+    versions = {v: info for v, info in landed}
+    between = [v - int(info["readVersion"]) - 1 for v, info in versions.items() if info.get("readVersion") is not None]
     reader = RowStore(spark, layout, writer="bench-reader")
     missing = sum(len(st.keys - {r.key for r in reader.scan_intervals(spec.computation, spec.intervals)})
                   for spec, st in zip(specs, stats, strict=True))
     point = summarize(stats, elapsed_s=elapsed, zk_writes=z1 - z0, tables=[s.computation for s in specs])
     point.update({
         "shape": shape, "writers": n, "load_avg_1m": round(load0, 2),
-        "log_versions_of_counted_commits": len(landed),
+        "log_versions_of_counted_commits": len(landed),  # batches: a group commit's each
+        "versions_holding_counted_commits": len(versions),
+        "batches_per_version": round(len(landed) / len(versions), 2) if versions else None,
+        "batches_committed_by_another": sum(st.served for st in stats),
         "log_versions_after_start": len(infos),
         "commits_between_snapshot_and_version_mean": round(sum(between) / len(between), 3) if between else None,
         "writers_without_commit": sum(1 for st in stats if st.commits == 0),

@@ -230,7 +230,7 @@ def rows_bytes_per_batch(rows: str) -> list[tuple[int, int]] | None:
             meta = json.loads(info.get("userMetadata") or "{}")
         except ValueError:
             continue
-        if not isinstance(meta, dict) or meta.get("kind") != "commit":
+        if not isinstance(meta, dict) or meta.get("kind") not in ("commit", "group"):
             continue
         # a re-added file (a MERGE's new deletion vector) writes no data: only new files count
         adds = [a["add"] for a in actions if "add" in a and not a["add"].get("deletionVector")]

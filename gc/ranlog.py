@@ -14,7 +14,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-from deltawheel.statestore.delta.log import commit_info_in, json_commit_versions, log_files
+from deltawheel.statestore.delta.log import batch_metas, commit_info_in, json_commit_versions, log_files
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.inputfiles import ran_of
 
@@ -190,10 +190,11 @@ def _fold(out: dict[str, dict[int, set[str]]], info: Mapping[str, Any] | None) -
         meta = json.loads((info or {}).get("userMetadata") or "{}")
     except ValueError:
         return
-    got = ran_of(meta)
-    if got is None or not isinstance(meta.get("computation"), str):
-        return
-    ivs, files = got
-    comp = out.setdefault(meta["computation"], {})
-    for iv in ivs:
-        comp.setdefault(iv, set()).update(files)
+    for batch in batch_metas(meta if isinstance(meta, dict) else None):  # a group commit's each
+        got = ran_of(batch)
+        if got is None or not isinstance(batch.get("computation"), str):
+            continue
+        ivs, files = got
+        comp = out.setdefault(batch["computation"], {})
+        for iv in ivs:
+            comp.setdefault(iv, set()).update(files)

@@ -231,7 +231,8 @@ def test_the_acted_watermark_mark_round_trips_through_commit_metadata() -> None:
     """What a commit records (JSON in the Delta commit's userMetadata) reads back as written."""
     import json
 
-    from deltawheel.executor.protocol.lateness import ActedMark, _mark_of
+    from deltawheel.executor.protocol.lateness import ActedMark, _marks_of
+    from deltawheel.statestore.delta.group import group_meta
     from hypothesis import given
     from hypothesis import strategies as st
 
@@ -246,9 +247,14 @@ def test_the_acted_watermark_mark_round_trips_through_commit_metadata() -> None:
         mark = ActedMark(batch_id=batch_id, late_ms=late_ms, input_ms=input_ms, intervals=ivs,
                          injectors=injectors)
         meta = json.dumps({**mark.to_meta(), "computation": "c", "kind": "commit"})
-        assert _mark_of(meta, "c", set(ivs)) == mark
-        assert _mark_of(meta, "other", set(ivs)) is None
-        assert _mark_of(meta, "c", {4096}) is None
+        assert _marks_of(meta, "c", set(ivs)) == [mark]
+        assert _marks_of(meta, "other", set(ivs)) == []
+        assert _marks_of(meta, "c", {4096}) == []
+        # a group commit's version (``delta/group.py``): each batch's mark reads back, the holder's first
+        other = ActedMark(batch_id=1, late_ms=5, input_ms=None, intervals=(4096,))
+        group = group_meta([meta, json.dumps({**other.to_meta(), "computation": "c", "kind": "commit"})])
+        assert _marks_of(group, "c", {*ivs, 4096}) == [mark, other]
+        assert _marks_of(group, "c", {4096}) == [other]
         known = [m for m in (late_ms, input_ms) if m is not None]
         assert mark.acted_ms == (max(known) if known else None)
 

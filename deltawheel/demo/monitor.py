@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from deltawheel.executor.protocol.reports import UNKNOWN, watermark_known
+from deltawheel.statestore.delta.log import batch_metas, user_metadata
 from deltawheel.statestore.layout import StoreLayout
 
 __all__ = ["StageFigures", "StageMonitor", "percentiles", "files_read"]
@@ -127,14 +128,11 @@ class StageMonitor:
             log.poll()
             for v in list(log.versions):
                 mtime, _, info = log.versions.pop(v)
-                try:
-                    commit_id = str(json.loads(info.get("userMetadata") or "{}").get("commit_id", ""))
-                except ValueError:
-                    continue
-                comp, _, rest = commit_id.partition(":")
-                batch_id = rest.partition(":")[0]
-                if comp and batch_id.isdigit():
-                    self.commits.setdefault((comp, int(batch_id)), []).append(mtime)
+                for meta in batch_metas(user_metadata(info.get("userMetadata"))):  # a group commit's each
+                    comp, _, rest = str(meta.get("commit_id", "")).partition(":")
+                    batch_id = rest.partition(":")[0]
+                    if comp and batch_id.isdigit():
+                        self.commits.setdefault((comp, int(batch_id)), []).append(mtime)
         for log in self.streams.values():
             log.poll()
         for name, reads in self.stages:

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from deltawheel.statestore.delta.log import newest_commit_info
+from deltawheel.statestore.delta.log import batch_metas, newest_commit_info
 from deltawheel.statestore.delta.storefs import table_files
 from deltawheel.statestore.layout import StoreLayout
 
@@ -82,15 +82,19 @@ class ActedMark:
         return self.batch_id == batch_id and self.query == query and set(held) <= set(self.intervals)
 
 
-def _mark_of(user_metadata: str | None, computation: str, intervals: set[int]) -> ActedMark | None:
+def _marks_of(user_metadata: str | None, computation: str, intervals: set[int]) -> list[ActedMark]:
+    """The marks of ``computation`` on ``intervals`` a commit records (a group commit's batches each, one)."""
     try:
         meta = json.loads(user_metadata or "{}")
     except ValueError:
-        return None
-    if not isinstance(meta, dict) or meta.get("computation") != computation or not isinstance(meta.get(_KEY), dict):
-        return None
-    mark = ActedMark.from_meta(meta)
-    return mark if intervals & set(mark.intervals) else None
+        return []
+    out = []
+    for m in batch_metas(meta if isinstance(meta, dict) else None):
+        if m.get("computation") == computation and isinstance(m.get(_KEY), dict):
+            mark = ActedMark.from_meta(m)
+            if intervals & set(mark.intervals):
+                out.append(mark)
+    return out
 
 
 def interval_lines(marks: Iterable[ActedMark], intervals: Iterable[int]) -> dict[int, int | None]:
@@ -128,11 +132,12 @@ def newest_marks(spark: Any, rows_path: str, computation: str, intervals: Iterab
 
     def take(user_metadata: str | None) -> bool:
         """Take a commit's mark of ``computation`` on ``owned``; True: the scan can stop."""
-        mark = _mark_of(user_metadata, computation, owned)
-        if mark is not None and left & set(mark.intervals):
-            found.append(mark)
-            left.difference_update(mark.intervals)
-        return mark is not None and not left
+        marks = _marks_of(user_metadata, computation, owned)
+        for mark in marks:
+            if left & set(mark.intervals):
+                found.append(mark)
+                left.difference_update(mark.intervals)
+        return bool(marks) and not left
 
     files = table_files(spark, rows_path)
     if files is not None:

@@ -10,7 +10,7 @@ import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..exceptions import StoreDamagedError
 from .checkpoints import CHECKPOINT_NAME, UnreadableCheckpoint, checkpoint_actions, newest_checkpoint
@@ -40,6 +40,22 @@ def user_metadata(text: object) -> dict[str, Any] | None:
     except ValueError:
         return None
     return parsed if isinstance(parsed, dict) else None
+
+
+def batch_metas(meta: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The batches a commit's ``userMetadata`` records: a group commit's (kind ``group``, ``delta/group.py``)
+    each, any other commit itself ([]: none).
+
+    >>> batch_metas({"kind": "group", "batches": [{"commit_id": "a"}, {"commit_id": "b"}]})
+    [{'commit_id': 'a'}, {'commit_id': 'b'}]
+    >>> batch_metas({"kind": "commit", "commit_id": "a"}), batch_metas(None)
+    ([{'kind': 'commit', 'commit_id': 'a'}], [])
+    """
+    if meta is None:
+        return []
+    if meta.get("kind") == "group":
+        return [dict(b) for b in meta.get("batches") or () if isinstance(b, dict)]
+    return [dict(meta)]
 
 
 def _parse(line: str, file: str) -> Any:

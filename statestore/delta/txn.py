@@ -13,11 +13,11 @@ from urllib.parse import quote, unquote
 from ..exceptions import StaleFilesError
 from .jvm import DeltaClasses, delta_classes, jsession, per_owner
 from .jvm import jvm as jvm_of
-from .log import LogSnapshot, first_touching, json_commit_versions, own_snapshot, read_snapshot
+from .log import LogSnapshot, commit_infos, first_touching, json_commit_versions, own_snapshot, read_snapshot
 from .maintenance import note_commit
 from .storefs import TableFiles, table_files
 
-__all__ = ["FileEntry", "TableLog", "StaleFilesError", "new_add", "delta_path", "decode_path",
+__all__ = ["CommitRequest", "FileEntry", "TableLog", "StaleFilesError", "new_add", "delta_path", "decode_path",
            "write_file", "partition_file_name"]
 
 
@@ -191,6 +191,11 @@ class TableLog:
                         return v
         return None
 
+    def commits_after(self, version: int) -> list[tuple[int, dict[str, Any]]] | None:
+        """(version, ``commitInfo``) of each JSON commit after ``version``, oldest first (None: not readable
+        here, ask Delta)."""
+        return None if self._files is None else commit_infos(self._files, after=version)
+
     def table_id(self) -> str:
         """The table's Delta id (``metaData.id``, fixed when the table was created)."""
         snap = self._snapshot()
@@ -246,26 +251,97 @@ class TableLog:
         now = int(time.time() * 1000)
         app_actions = [json.dumps({"txn": {"appId": app, "version": int(ver), "lastUpdated": now}})
                        for app, ver in (app_versions or {}).items()]
-        operation = self._operation(bool(remove), read_partitions, user_metadata)
+        return self._finish(txn, [f.action_json for f in remove], [*add, *app_actions], read_partitions,
+                            user_metadata, now)
+
+    def _finish(self, txn: Any, removes: Sequence[str], adds: Sequence[str], read_partitions: Sequence[str],
+                user_metadata: str | None, now: int) -> int:
+        """Commit ``txn``: files removed (their ``add`` action JSON), actions added, partitions read."""
+        operation = self._operation(bool(removes), read_partitions, user_metadata)
         helper = self._d.txn_commit
         if helper is not None:  # one py4j call for what follows (TxnCommit.java)
             version = int(helper.commit(txn, self._preds(read_partitions) if read_partitions else None,
-                                        "\n".join(f.action_json for f in remove), "\n".join([*add, *app_actions]),
-                                        operation, now))
+                                        "\n".join(removes), "\n".join(adds), operation, now))
             note_commit(self.spark, self.path, version)
             return version
         if read_partitions:
             # (partitionOnly, shouldRewriteFilter): unrewritten, the conflict check raises AnalysisException
             txn.trackReadPredicates(self._preds(read_partitions), True, True)
         actions = []
-        if remove:
-            old = [self._from_json(f.action_json) for f in remove]
+        if removes:
+            old = [self._from_json(r) for r in removes]
             txn.trackFilesRead(self._seq(old))
             actions += [a.removeWithTimestamp(now, True) for a in old]
-        actions += [self._from_json(a) for a in add] + [self._d.action.fromJson(a) for a in app_actions]
+        actions += [self._from_json(a) for a in adds if '"txn"' not in a[:8]] + [
+            self._d.action.fromJson(a) for a in adds if '"txn"' in a[:8]]
         version = int(txn.commit(self._seq(actions), operation))
         note_commit(self.spark, self.path, version)
         return version
+
+    def commit_requests(self, requests: Sequence[CommitRequest], *, group_meta: Callable[[list[str]], str]
+                        ) -> tuple[int, list[int]]:
+        """One version holding the first of ``requests`` (the holder's own) and each other one whose
+        partitions no commit since its read touched and no request before it holds (a group commit,
+        ``group.py``); returns (the version, the indexes of the requests it holds, the first always).
+        ``group_meta``: the version's ``userMetadata`` from the requests' own. Raises
+        :class:`StaleFilesError` if the first request's partitions were touched; whatever Delta raises."""
+        txn = self._log.startTransaction()  # the newest snapshot: the requests read at different versions
+        upto = int(txn.snapshot().version())
+        taken: set[tuple[tuple[str, str], ...]] = set()
+        held: list[int] = []
+        for i, req in enumerate(requests):
+            wanted = _partition_keys(req.partitions)
+            if wanted & taken or req.read_version > upto:
+                continue
+            found = None if self._files is None else first_touching(self._files, req.read_version, upto, wanted)
+            if found is None:  # not readable here: the JVM's walk
+                walked = self._touched(txn, req.read_version, req.partitions, upto=upto)
+                found = -1 if walked is None else walked
+            if found >= 0:
+                if i == 0:
+                    raise StaleFilesError(f"commit {found} of {self.path} changed partitions this writer holds "
+                                          "images of")
+                continue
+            held.append(i)
+            taken |= wanted
+        chosen = [requests[i] for i in held]
+        version = self._finish(txn, [r for q in chosen for r in q.removes], [a for q in chosen for a in q.adds],
+                               [p for q in chosen for p in q.read_partitions],
+                               group_meta([q.user_metadata for q in chosen]) if len(chosen) > 1
+                               else chosen[0].user_metadata, int(time.time() * 1000))
+        return version, held
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    """One writer's commit as another writer can make it (``group.py``): the ``add`` action JSON of the
+    files it removes, the actions it adds, the partition predicates it read, its ``userMetadata``, and the
+    version it read its partitions at (each a mapping of partition column to value)."""
+
+    removes: tuple[str, ...]
+    adds: tuple[str, ...]
+    read_partitions: tuple[str, ...]
+    user_metadata: str
+    read_version: int
+    partitions: tuple[Mapping[str, str], ...]
+
+    def to_bytes(self) -> bytes:
+        """The request as :meth:`from_bytes` reads it (compact JSON)."""
+        return json.dumps({"removes": self.removes, "adds": self.adds, "read": self.read_partitions,
+                           "meta": self.user_metadata, "version": self.read_version,
+                           "partitions": [dict(p) for p in self.partitions]}, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> CommitRequest | None:
+        """The request in ``data`` (None: not one this deltawheel reads)."""
+        try:
+            d = json.loads(data)
+            return cls(removes=tuple(map(str, d["removes"])), adds=tuple(map(str, d["adds"])),
+                       read_partitions=tuple(map(str, d["read"])), user_metadata=str(d["meta"]),
+                       read_version=int(d["version"]),
+                       partitions=tuple({str(k): str(v) for k, v in p.items()} for p in d["partitions"]))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
 
 
 _READS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="deltawheel-touched")

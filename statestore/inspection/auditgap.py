@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..delta.log import commit_infos, user_metadata
+from ..delta.log import batch_metas, commit_infos, user_metadata
 from ..layout import StoreLayout
 
 __all__ = ["RECOVERED_DETAIL", "AuditGap", "audit_gap", "AUDIT_FORMAT_VERSION"]
@@ -58,9 +58,8 @@ def audit_gap(spark: Any, layout: StoreLayout, *, table: str | None = None, afte
         read = len(hist)
     commits = sorted(c for c in commits if rows_version is None or c[0] <= rows_version)
     out = []
-    for version, ts_ms, text in commits:
-        meta = user_metadata(text)  # None: another writer's free text
-        if meta is None or not meta.get("tool") or not meta.get("audit_id") or str(meta["audit_id"]) in have:
+    for version, ts_ms, meta in ((v, t, m) for v, t, text in commits for m in batch_metas(user_metadata(text))):
+        if not meta.get("tool") or not meta.get("audit_id") or str(meta["audit_id"]) in have:
             continue
         raw = meta.get("sequencers")
         seqs: dict[str, Any] = raw if isinstance(raw, dict) else {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ..delta.log import user_metadata
+from ..delta.log import batch_metas, user_metadata
 from ..exceptions import NotAStoreError, ReplayUnavailableError
 from ..layout import StoreLayout
 from ..objectstore.errors import raise_store_failure
@@ -71,8 +71,7 @@ def _history(spark: Any, layout: StoreLayout, computation: str) -> list[Any]:
 def computation_commits(spark: Any, layout: StoreLayout, computation: str) -> list[ComputationCommit]:
     """Oldest first, every commit of ``computation`` to its rows table (NotAStoreError: none)."""
     return [c for r in _history(spark, layout, computation)
-            if (c := _commit(int(r["version"]), int(r["timestamp"].timestamp() * 1000), r["userMetadata"],
-                             computation)) is not None]
+            for c in _commits(int(r["version"]), int(r["timestamp"].timestamp() * 1000), r["userMetadata"], computation)]
 
 
 def commits_since(spark: Any, layout: StoreLayout, computation: str, *, after: int) -> list[ComputationCommit]:
@@ -85,13 +84,19 @@ def commits_since(spark: Any, layout: StoreLayout, computation: str, *, after: i
     if infos is None:
         return [c for c in computation_commits(spark, layout, computation) if c.version > after]
     return [c for v, info in infos
-            if (c := _commit(v, int(info.get("timestamp") or 0), info.get("userMetadata"), computation)) is not None]
+            for c in _commits(v, int(info.get("timestamp") or 0), info.get("userMetadata"), computation)]
 
 
-def _commit(version: int, timestamp_ms: int, user_meta: object, computation: str) -> ComputationCommit | None:
-    """The commit of ``computation`` a rows-table version is (None: another's, or not deltawheel's)."""
-    meta = user_metadata(user_meta)
-    if meta is None or meta.get("computation") != computation:
+def _commits(version: int, timestamp_ms: int, user_meta: object, computation: str) -> list[ComputationCommit]:
+    """The commits of ``computation`` a rows-table version holds: one, or a group commit's batches each
+    (``delta/group.py``: they share the version); none where it is another's or not deltawheel's."""
+    return [c for meta in batch_metas(user_metadata(user_meta))
+            if (c := _commit(version, timestamp_ms, meta, computation)) is not None]
+
+
+def _commit(version: int, timestamp_ms: int, meta: Mapping[str, Any], computation: str) -> ComputationCommit | None:
+    """The commit of ``computation`` one batch's ``meta`` records (None: another's)."""
+    if meta.get("computation") != computation:
         return None
     entry = entry_of(meta)
     late_entry = meta.get("late")

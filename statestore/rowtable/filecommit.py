@@ -4,16 +4,16 @@ Copy-on-write without Spark jobs: files holding a matched row become one new fil
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, ContextManager, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..delta.deletionvectors import live_table
+from ..delta.group import Landed, TurnsOf, commit_in_turn
 from ..delta.log import disown_snapshot, note_own_commit
 from ..delta.storefs import TableFiles, background_uploads
-from ..delta.txn import TableLog, decode_path, new_add, partition_file_name, write_file
+from ..delta.txn import CommitRequest, TableLog, decode_path, new_add, partition_file_name, write_file
 from ..exceptions import StaleFilesError
 from . import inputfiles
 from .fencing import REPLACE_FILES_OP, STALE_MARKER
@@ -122,12 +122,13 @@ def _rewrite(files: TableFiles, entries: Sequence[Any], wanted: set[str], source
 
 def merge_files(log: TableLog, files: TableFiles, src: Sequence[Mapping[str, Any]], *, computation: str,
                 intervals: Sequence[int], meta: str, writer: str | None = None,
-                turn: Callable[[str], ContextManager[Any]] | None = None) -> int:
+                turn: TurnsOf | None = None) -> int:
     """Apply the MERGE source ``src`` (rows with ``_op``) to ``intervals`` in one commit; returns its version.
 
     ``writer``: when this writer made the table's newest commit it knows of, the log is not listed
     again (Delta's conflict check at commit catches any commit since); a failed commit drops that mark.
-    ``turn(computation)``: held around the Delta commit alone (``RowStore.turns``).
+    ``turn(computation, request)``: held around the Delta commit alone (``RowStore.turns``); its holder
+    commits the requests waiting behind it too (``delta/group.py``).
 
     Raises:
         RuntimeError: the MERGE's stale-sequencer message (``translate_commit_error`` reads it).
@@ -148,22 +149,34 @@ def merge_files(log: TableLog, files: TableFiles, src: Sequence[Mapping[str, Any
         with background_uploads():  # the intervals' new files go up side by side
             _rewrite(files, entries, wanted, source, schema, computation, removes, adds)
         parts = [{"computation": computation, "interval": v} for v in sorted(wanted)]
+        preds = [f"computation = '{computation}' AND interval = {v}" for v in sorted(wanted)]
+
+        def own(removes: list[Any] = removes, adds: list[str] = adds, version: int = version,
+                parts: list[dict[str, str]] = parts, preds: list[str] = preds) -> int:
+            got = log.commit(remove=removes, add=adds, user_metadata=meta, known_version=version,
+                             read_partitions=preds, untouched_since=(version, parts))
+            assert got is not None
+            return got
         try:
-            with turn(computation) if turn is not None else contextlib.nullcontext():
-                got = log.commit(remove=removes, add=adds, user_metadata=meta, known_version=version,
-                                 read_partitions=[f"computation = '{computation}' AND interval = {v}"
-                                                  for v in sorted(wanted)],
-                                 untouched_since=(version, parts))
+            if turn is None:
+                got = Landed(own(), False)
+            else:  # instances sharing the table: in turns, and the holder commits for those waiting (group.py)
+                request = CommitRequest(removes=tuple(f.action_json for f in removes), adds=tuple(adds),
+                                        read_partitions=tuple(preds), user_metadata=meta, read_version=version,
+                                        partitions=tuple(parts))
+                got = commit_in_turn(log, turn, computation, request, own)
         except StaleFilesError:
             disown_snapshot(files)
             continue  # list them again
         except BaseException:
             disown_snapshot(files)
             raise
-        assert got is not None
-        if writer is not None:
-            note_own_commit(files, writer, read=version, version=got, added=[json.loads(a)["add"] for a in adds],
+        if writer is not None and not got.grouped:
+            note_own_commit(files, writer, read=version, version=got.version,
+                            added=[json.loads(a)["add"] for a in adds],
                             removed=[(f.path, json.loads(f.action_json)["add"].get("deletionVector")) for f in removes])
-        return got
+        else:
+            disown_snapshot(files)
+        return got.version
     raise StaleFilesError(f"commits kept landing in {computation}'s intervals {sorted(wanted)} while their files "
                           f"were read ({_RELIST_ATTEMPTS} attempts); nothing of this commit landed")

@@ -19,6 +19,7 @@ from ..clock import Clock, SystemClock
 from ..codecs import CODEC_NAMES, base_name
 from ..config import StoreLimits
 from ..delta.deletionvectors import live_table
+from ..delta.group import TurnsOf
 from ..delta.jvm import jframe, jsession, require_classic_session
 from ..delta.log import read_snapshot
 from ..delta.maintenance import note_merge
@@ -72,6 +73,10 @@ class CommitResult:
     images: Sequence[KeyRow] = field(default_factory=tuple, compare=False, repr=False)
 
 
+def _no_turn(_computation: str, _request: bytes | None = None) -> ContextManager[Any]:
+    return contextlib.nullcontext()
+
+
 class RowStore:
     """The rows table of one (migrated) store, written under sequencers; ``writer`` names the commits."""
 
@@ -88,9 +93,9 @@ class RowStore:
         self.stats = StoreStats()
         self._lock = threading.Lock()
         self._row_files: dict[str, TableFiles | None] = {}
-        #: computation -> a context manager around each Delta commit (``zk/turns.py``: writers sharing a table
-        #: take turns at it); none by default
-        self.turns: Callable[[str], ContextManager[Any]] = lambda _computation: contextlib.nullcontext()
+        #: (computation, the commit's request or None) -> a context manager around each Delta commit
+        #: (``zk/turns.py``: writers sharing a table take turns at it, ``delta/group.py``); none by default
+        self.turns: TurnsOf = _no_turn
 
     def table_id(self) -> str:
         """The store's first rows table's Delta table id: the store's identity."""
@@ -370,7 +375,7 @@ class RowStore:
         conf.set("spark.databricks.delta.commitInfo.userMetadata", meta)
         try:
             path = self.path(computation)
-            with self.turns(computation):
+            with self.turns(computation, None):
                 self._spark.sql(merge_sql(path, view, computation=computation, intervals=intervals))
             note_merge(self._spark, path)
         finally:

@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from ..delta.log import newest_commit_info, user_metadata
+from ..delta.log import batch_metas, newest_commit_info, user_metadata
 from ..delta.storefs import table_files
 from ..exceptions import LeaseHeldError
 from ..layout import StoreLayout
@@ -244,16 +244,17 @@ def _version_of(spark: Any, layout: StoreLayout, computation: str, commit_id: st
     files = table_files(spark, rows_table)
     if files is not None:
         try:
-            found = newest_commit_info(files, lambda info: _commit_id(info.get("userMetadata")) == commit_id)
+            found = newest_commit_info(files, lambda info: _holds(info.get("userMetadata"), commit_id))
         except ValueError:
             found = None
         if found is not None:
             return found[0]
     for r in spark.sql(f"DESCRIBE HISTORY delta.`{rows_table}` LIMIT 200").select("version", "userMetadata").collect():
-        if _commit_id(r["userMetadata"]) == commit_id:
+        if _holds(r["userMetadata"], commit_id):
             return int(r["version"])
     return None
 
 
-def _commit_id(meta: object) -> object:
-    return (user_metadata(meta) or {}).get("commit_id")
+def _holds(meta: object, commit_id: str) -> bool:
+    """The commit with ``meta`` holds the batch ``commit_id`` (a group commit's batches each)."""
+    return any(b.get("commit_id") == commit_id for b in batch_metas(user_metadata(meta)))

@@ -9,9 +9,10 @@ import time
 from functools import cached_property
 from typing import Any, Mapping, Sequence
 
+from ...delta.group import commit_in_turn
 from ...delta.log import commit_infos, user_metadata
 from ...delta.storefs import TableFiles, table_files
-from ...delta.txn import FileEntry, StaleFilesError, TableLog, decode_path, new_add
+from ...delta.txn import CommitRequest, FileEntry, StaleFilesError, TableLog, decode_path, new_add
 from ...exceptions import CommitConflictError, StaleSequencerError
 from ...layout import StoreLayout
 from ...ownership.owner import IntervalOwner
@@ -239,12 +240,20 @@ class ImagePath(WritePath[BatchOutput]):
                     if (s.image is not None and not is_ids_path(decode_path(f.path))) or decode_path(f.path) in gone]
             removes += drop
             kept[iv] = [f for f in self.files.get(iv, ()) if f not in drop]
+        added = [a for iv in ivs for a in adds[iv]]
+        preds = [f"computation = '{name}' AND interval = {iv}" for iv in ivs]
+        request = CommitRequest(removes=tuple(f.action_json for f in removes), adds=tuple(added),
+                                read_partitions=tuple(preds), user_metadata=info, read_version=self.version,
+                                partitions=tuple(parts.values()))
+
+        def own() -> int:
+            got = self.log.commit(remove=removes, add=added, user_metadata=info, read_partitions=preds,
+                                  untouched_since=(self.version, list(parts.values())), known_version=self.version)
+            assert got is not None
+            return got
         try:
-            with self.owner.store.turns(name):  # instances sharing the table take turns (``zk/turns.py``)
-                version = self.log.commit(remove=removes, add=[a for iv in ivs for a in adds[iv]], user_metadata=info,
-                                          read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
-                                          untouched_since=(self.version, list(parts.values())),
-                                          known_version=self.version)
+            # instances sharing the table take turns, and a holder commits the waiting batches with its own
+            version = commit_in_turn(self.log, self.owner.store.turns, name, request, own).version
         except StaleFilesError as exc:
             # a takeover first (a zombie fails typed, never as a mere reload)
             self.owner.store.check_fences(name, seqs)
@@ -257,7 +266,6 @@ class ImagePath(WritePath[BatchOutput]):
                 raise err from exc
             self.owner.store.check_fences(name, seqs)
             raise StaleViewError(f"concurrent commit on {name}'s partitions: {err}") from exc
-        assert version is not None
         for iv in ivs:
             pv = (("computation", name), ("interval", str(iv)))
             self.files[iv] = kept[iv] + [FileEntry(path=f.path, partition_values=pv, size=f.size,

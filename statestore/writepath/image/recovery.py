@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ...delta.log import commit_info, json_commit_versions, user_metadata
+from ...delta.log import batch_metas, commit_info, json_commit_versions, user_metadata
 from ...delta.storefs import TableFiles
 from ...delta.txn import FileEntry, decode_path
 from ...rowtable.rows import FENCE_KEY, Production
@@ -152,8 +152,9 @@ def resolve(rows_files: TableFiles, c: Checkpoint, delivered: int, *, name: str)
     for v in range(c.version, delivered, -1):  # newest first: usually the bound itself
         if v not in present:
             return False  # the log was cleaned up past it: cannot tell
-        meta = user_metadata((commit_info(rows_files, v) or {}).get("userMetadata")) or {}
-        if meta.get("commit_id") == c.commit_id:
+        metas = batch_metas(user_metadata((commit_info(rows_files, v) or {}).get("userMetadata")))
+        meta = next((m for m in metas if m.get("commit_id") == c.commit_id), None)  # a group commit's batches each
+        if meta is not None:
             if meta.get("kind") == "commit" and meta.get("write_path") == "image" \
                     and meta.get("computation") == name:
                 c.version, c.exact = v, True

@@ -408,24 +408,40 @@ def first_touching(path: str | TableFiles, after: int, upto: int,
     >>> first_touching(d, 0, 3, {(("interval", "9"),)}) is None  # version 3 is not there
     True
     """
+    changes = partition_changes(path, after, upto)
+    if changes is None:
+        return None
+    return next((v for v, touched in changes if touched is None or touched & partitions), -1)
+
+
+def partition_changes(path: str | TableFiles, after: int, upto: int
+                      ) -> list[tuple[int, frozenset[tuple[tuple[str, str], ...]] | None]] | None:
+    """Each commit in (``after``, ``upto``] with the partitions (sorted (column, value) pairs) whose
+    files it added or removed, None for one that changed the metadata or the protocol; None: a commit
+    is not readable here. The JSON commits are read at once (:func:`first_touching` asks of them)."""
     log = log_files(path)
-    if log is None or upto <= after:
-        return None if log is None else -1
+    if log is None:
+        return None
     versions = list(range(after + 1, upto + 1))
+    out: list[tuple[int, frozenset[tuple[tuple[str, str], ...]] | None]] = []
     for v, got in zip(versions, _read_jsons(log, versions), strict=True):
         if got is None:
             return None
         file, lines = got
+        touched: set[tuple[tuple[str, str], ...]] = set()
+        meta = False
         for line in lines:
             if '"metaData"' in line or '"protocol"' in line:
                 if {"metaData", "protocol"} & _parse(line, file).keys():
-                    return v
+                    meta = True
+                    break
             elif '"add"' in line or '"remove"' in line:
                 act = _parse(line, file)
                 f = act.get("add") or act.get("remove")
-                if f is not None and tuple(sorted((f.get("partitionValues") or {}).items())) in partitions:
-                    return v
-    return -1
+                if f is not None:
+                    touched.add(tuple(sorted((f.get("partitionValues") or {}).items())))
+        out.append((v, None if meta else frozenset(touched)))
+    return out
 
 
 def newest_commit_info(path: str | TableFiles,

@@ -13,7 +13,15 @@ from urllib.parse import quote, unquote
 from ..exceptions import StaleFilesError
 from .jvm import DeltaClasses, delta_classes, jsession, per_owner
 from .jvm import jvm as jvm_of
-from .log import LogSnapshot, commit_infos, first_touching, json_commit_versions, own_snapshot, read_snapshot
+from .log import (
+    LogSnapshot,
+    commit_infos,
+    first_touching,
+    json_commit_versions,
+    own_snapshot,
+    partition_changes,
+    read_snapshot,
+)
 from .maintenance import note_commit
 from .storefs import TableFiles, table_files
 
@@ -289,11 +297,15 @@ class TableLog:
         upto = int(txn.snapshot().version())
         taken: set[tuple[tuple[str, str], ...]] = set()
         held: list[int] = []
+        low = min(r.read_version for r in requests)
+        # the commits since the oldest read, read once for every request
+        changes = None if self._files is None else partition_changes(self._files, low, upto)
         for i, req in enumerate(requests):
             wanted = _partition_keys(req.partitions)
             if wanted & taken or req.read_version > upto:
                 continue
-            found = None if self._files is None else first_touching(self._files, req.read_version, upto, wanted)
+            found = None if changes is None else next(
+                (v for v, touched in changes if v > req.read_version and (touched is None or touched & wanted)), -1)
             if found is None:  # not readable here: the JVM's walk
                 walked = self._touched(txn, req.read_version, req.partitions, upto=upto)
                 found = -1 if walked is None else walked

@@ -37,6 +37,7 @@ _LOOK_S = 0.5  # a waiting writer looks at who holds the turn at least this ofte
 _REQUEST = b"R"  # a znode's data: this, then a request a holder may commit (``Turn.waiting``)
 _DONE = b"D"  # ... or this, then the version a holder committed that request in
 _MAX_REQUEST = 256 * 1024  # a larger request is not offered: its writer commits it itself
+_ASK_S = 10.0  # the longest wait for one answer of ZooKeeper's to a holder's reads and marks
 
 
 def turns_path(pipeline: str, computation: str) -> str:
@@ -67,14 +68,15 @@ class Turn:
         client = self._owner.client
         try:
             behind = sorted((k for k in client.get_children(parent) if _seq(k) > _seq(name)), key=_seq)[:limit]
+            asked = [(f"{parent}/{kid}", client.get_async(f"{parent}/{kid}")) for kid in behind]  # one round trip
             out = []
-            for kid in behind:
+            for node, answer in asked:
                 try:
-                    data, _stat = client.get(f"{parent}/{kid}")
+                    data, _stat = answer.get(timeout=_ASK_S)
                 except NoNodeError:
                     continue
                 if data.startswith(_REQUEST):
-                    out.append((f"{parent}/{kid}", bytes(data[len(_REQUEST):])))
+                    out.append((node, bytes(data[len(_REQUEST):])))
             return out
         except _ERRORS:
             return []
@@ -84,10 +86,12 @@ class Turn:
         those not marked (ZooKeeper did not answer, or the waiter left): their writers find their commit
         in the log themselves (``delta/group.py``)."""
         assert self._owner is not None
+        mark = _DONE + str(int(version)).encode()
+        asked = [(node, self._owner.client.set_async(node, mark)) for node in nodes]
         missed = []
-        for node in nodes:
+        for node, answer in asked:
             try:
-                self._owner.client.set(node, _DONE + str(int(version)).encode())
+                answer.get(timeout=_ASK_S)
             except (NoNodeError, *_ERRORS):
                 missed.append(node)
         self._owner.folded += len(nodes) - len(missed)

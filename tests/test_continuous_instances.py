@@ -8,20 +8,25 @@ its name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 from continuous_pipeline import click_rows, closing_rows, expected, make, outputs, write_file
 from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.delta.log import commit_infos, user_metadata
+from deltawheel.statestore.delta.storefs import table_files
+from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.zk.client import connect as connect_zk
 from deltawheel.statestore.zk.lease_tools import list_leases
 from deltawheel.statestore.zk.members import live_members
+from deltawheel.statestore.zk.turns import turns_path
 from test_continuous import Child, run_cmd, wait_for
 
 import deltawheel
@@ -58,6 +63,31 @@ SPLIT = {c: ["a", "a", "b", "b"] for c in COMPUTATIONS}
 
 
 @pytest.mark.timeout(900)
+def _waiting_for_another(turns: Any) -> Any:
+    """``turns`` (a ``CommitTurns.turn``) whose holder, at its first turn of each table, waits up to 10 s
+    for another writer to queue behind it."""
+    owner, first = turns.__self__, set()
+
+    @contextlib.contextmanager
+    def turn(computation: str, request: bytes | None = None) -> Iterator[Any]:
+        with turns(computation, request) as t:
+            if t and computation not in first:
+                first.add(computation)
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline and len(owner.client.get_children(
+                        turns_path(owner.pipeline, computation))) < 2:
+                    time.sleep(0.02)
+            yield t
+    return turn
+
+
+def _kinds(spark: Any, layout: StoreLayout, computation: str) -> list[str]:
+    """The kind of each version of ``computation``'s rows table, oldest first."""
+    files = table_files(spark, layout.rows_of(computation))
+    assert files is not None
+    return [str((user_metadata(i.get("userMetadata")) or {}).get("kind")) for _v, i in commit_infos(files, after=-1) or []]
+
+
 def test_two_instances_of_a_continuous_pipeline_split_its_intervals_and_give_every_row_once(  # type: ignore[no-untyped-def]
         spark, zk_config, tmp_path, migrated_at) -> None:
     """Instance ``a`` starts alone and takes every interval; ``b`` joins while it runs: ``a`` gives
@@ -92,6 +122,9 @@ def test_two_instances_of_a_continuous_pipeline_split_its_intervals_and_give_eve
         assert members(zk_config, "clicks") == ["a", "b"]
         wait_for("the intervals split between a and b", lambda: holders(zk_config, "clicks") == SPLIT,
                  runs=(run_a, run_b), timeout_s=180)
+        # each instance's first turn at a table from here waits for the other to queue behind it: the
+        # holder then commits both batches in one version (group commit, ``delta/group.py``)
+        ea.store.turns, eb.store.turns = _waiting_for_another(ea.store.turns), _waiting_for_another(eb.store.turns)
         write_file(folder, "part-1.parquet", rows[40:] + closing_rows(rows))  # arrives while both run
         layout = StoreLayout(str(store))
         want_users, want_totals = expected(rows)
@@ -99,6 +132,9 @@ def test_two_instances_of_a_continuous_pipeline_split_its_intervals_and_give_eve
                  runs=(run_a, run_b), timeout_s=300)
         time.sleep(2.0)  # a duplicate would land by now
         assert outputs(spark, layout) == (want_users, want_totals)
+        assert "group" in _kinds(spark, layout, "user_minutes")  # both instances' batches in one version
+        reader = RowStore(spark, layout, writer="reader")  # every interval's rows in the table, fence and all
+        assert {c: sorted(reader.fences(c)) for c in COMPUTATIONS} == {c: [0, 1, 2, 3] for c in COMPUTATIONS}
         assert holders(zk_config, "clicks") == SPLIT
         for name, run in (("a", run_a), ("b", run_b)):
             assert sorted(run.queries) == sorted(COMPUTATIONS)

@@ -20,9 +20,9 @@ from continuous_pipeline import click_rows, closing_rows, expected, make, output
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.log import commit_infos, user_metadata
 from deltawheel.statestore.delta.storefs import table_files
-from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.zk.client import connect as connect_zk
 from deltawheel.statestore.zk.lease_tools import list_leases
 from deltawheel.statestore.zk.members import live_members

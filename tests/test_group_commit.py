@@ -15,6 +15,7 @@ from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.delta.log import batch_metas, commit_infos, user_metadata
 from deltawheel.statestore.delta.storefs import table_files
 from deltawheel.statestore.exceptions import StaleSequencerError
+from deltawheel.statestore.inspection.history import key_history
 from deltawheel.statestore.inspection.positions import computation_commits
 from deltawheel.statestore.rowtable.rows import KeyRow, interval_of
 from deltawheel.statestore.rowtable.store import RowStore
@@ -128,6 +129,13 @@ def test_writers_sharing_a_table_land_every_batch_once_and_the_state_adds_up(
         for i in range(4):
             got = {r.key: CODEC.decode(r.state)["n"] for r in stores[i].scan_intervals("shared", ivs[i])}
             assert got == counts[i]
+        # a key's history names the writer whose batch changed it, in a group version too
+        files = table_files(spark, migrated_store.rows_of("shared"))
+        for i in range(4):
+            key = plans[i][0][0]
+            h = key_history(files, computation="shared", key=key)
+            assert {c.commit.writer for c in h.changes} == {f"w{i}"}
+            assert len(h.changes) == counts[i][key]
     finally:
         for c in clients:
             c.stop()

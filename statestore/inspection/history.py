@@ -9,7 +9,7 @@ from typing import Any, Iterator, Mapping
 
 from ..delta.checkpoints import CHECKPOINT_NAME, checkpoint_actions, newest_checkpoint
 from ..delta.deletionvectors import deleted_rows
-from ..delta.log import _commit_versions, damaged_entry, user_metadata
+from ..delta.log import _commit_versions, batch_metas, damaged_entry, user_metadata
 from ..delta.storefs import TableFiles
 from ..delta.txn import decode_path
 from ..exceptions import (
@@ -42,6 +42,14 @@ class Commit:
         """The job instance that committed it (None: not a deltawheel commit, e.g. the table's creation)."""
         w = self.meta.get("writer")
         return None if w is None else str(w)
+
+    def of_interval(self, interval: str) -> Commit:
+        """This commit as the batch that wrote ``interval`` recorded it: of a group commit's batches
+        (``delta/group.py``), the one whose sequencers name it; any other commit itself."""
+        if self.meta.get("kind") != "group":
+            return self
+        batch = next((b for b in batch_metas(self.meta) if str(interval) in (b.get("sequencers") or {})), None)
+        return self if batch is None else Commit(self.version, self.timestamp_ms, self.operation, batch)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -271,7 +279,7 @@ class _Walk:
 
     def apply(self, commit: Commit, actions: list[Any]) -> Iterator[Change]:
         for p in sorted(self._touched(actions)):
-            yield from self._partition(commit, p)
+            yield from self._partition(commit.of_interval(p[1]), p)
         self.table.forget(set(self.live))
 
     def _partition(self, commit: Commit, p: tuple[str, str]) -> Iterator[Change]:

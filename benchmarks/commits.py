@@ -285,7 +285,6 @@ def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: i
         "log_versions_of_counted_commits": len(landed),  # batches: a group commit's each
         "versions_holding_counted_commits": len(versions),
         "batches_per_version": round(len(landed) / len(versions), 2) if versions else None,
-        "batches_committed_by_another": sum(st.served for st in stats),
         "log_versions_after_start": len(infos),
         "commits_between_snapshot_and_version_mean": round(sum(between) / len(between), 3) if between else None,
         "writers_without_commit": sum(1 for st in stats if st.commits == 0),

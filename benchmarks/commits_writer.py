@@ -42,7 +42,6 @@ class WriterStats:
     commit_ids: list[str] = field(default_factory=list)
     keys: set[str] = field(default_factory=set)
     turns_skipped: int = 0  # commits made without a turn (``WriterSpec.turns``)
-    served: int = 0  # own batches another writer's turn committed (group commit, ``delta/group.py``)
     batch_started: float | None = None  # monotonic start of the batch under way (None: between batches)
 
 
@@ -142,7 +141,6 @@ def run_writer(spark: Any, layout: Any, zk: Any, *, pipeline: str, spec: WriterS
                 stats.keys.update(picked)
     finally:
         stats.turns_skipped = 0 if turns is None else turns.skipped
-        stats.served = 0 if turns is None else turns.served
         publisher.shutdown(wait=True)
         with contextlib.suppress(Exception):
             leases.release(spec.computation)

@@ -13,23 +13,13 @@ it is found in the log (:func:`landed`) instead of made twice."""
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, ContextManager, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, ContextManager, NamedTuple, Sequence
 
 from ..exceptions import StaleFilesError
 from .log import batch_metas, user_metadata
 from .txn import CommitRequest, TableLog
 
 __all__ = ["Landed", "TurnsOf", "commit_in_turn", "group_meta", "landed"]
-
-
-class _Turn(Protocol):
-    done: int | None
-
-    def __bool__(self) -> bool: ...
-
-    def waiting(self, limit: int = 64) -> list[tuple[str, bytes]]: ...
-
-    def folded(self, nodes: list[str], version: int) -> list[str]: ...
 
 
 #: computation, request -> the turn around its commit (``RowStore.turns``)

@@ -280,8 +280,7 @@ class TableLog:
             old = [self._from_json(r) for r in removes]
             txn.trackFilesRead(self._seq(old))
             actions += [a.removeWithTimestamp(now, True) for a in old]
-        actions += [self._from_json(a) for a in adds if '"txn"' not in a[:8]] + [
-            self._d.action.fromJson(a) for a in adds if '"txn"' in a[:8]]
+        actions += [self._from_json(a) for a in adds]
         version = int(txn.commit(self._seq(actions), operation))
         note_commit(self.spark, self.path, version)
         return version

@@ -254,3 +254,66 @@ def test_a_batch_committed_for_its_writer_but_never_marked_is_not_committed_twic
         for c in (a_c, b_c):
             c.stop()
             c.close()
+
+
+def test_a_batch_queued_while_the_holder_updates_its_snapshot_joins_its_version(
+        spark, zk_config, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    """The holder looks at the queue once more after its snapshot's update: a writer that queued
+    meanwhile (here: right after the holder's first look) lands in the holder's version, once, and
+    commits nothing itself."""
+    clients = [connect(zk_config) for _ in range(3)]
+    a_t, b_t, late_t = (CommitTurns(c, pipeline="p", writer=w) for c, w in zip(clients, ("a", "b", "late"), strict=True))
+    stores = {w: RowStore(spark, migrated_store, writer=w) for w in ("a", "b", "late")}
+    out: dict[str, Any] = {}
+
+    def run(name: str, iv: int) -> None:
+        try:
+            rows = [KeyRow(computation="c", key=k, interval=iv, state=CODEC.encode({"n": 1}))
+                    for k in _keys((iv,), 3, f"{name}-")]
+            out[name] = stores[name].commit("c", rows, sequencers={iv: 3}, num_intervals=8).commit_id
+        except BaseException as exc:
+            out[name] = exc
+
+    threads = {w: threading.Thread(target=run, args=(w, iv)) for w, iv in (("a", 0), ("b", 1), ("late", 2))}
+
+    @contextlib.contextmanager
+    def late_joins(computation: str, request: bytes | None = None) -> Iterator[Any]:
+        with _held_until(a_t, 1)(computation, request) as t:
+            if t:
+                first_look = t.waiting
+
+                def waiting(limit: int = 64) -> Any:
+                    seen = first_look(limit)
+                    if not threads["late"].is_alive() and "late" not in out:
+                        threads["late"].start()  # queues after the first look
+                        path = turns_path("p", computation)
+                        for _ in range(400):
+                            if len(clients[0].get_children(path)) > 2:
+                                break
+                            threading.Event().wait(0.05)
+                    return seen
+                t.waiting = waiting
+            yield t
+    stores["a"].turns, stores["b"].turns, stores["late"].turns = late_joins, b_t.turn, late_t.turn
+    for w, iv in (("a", 0), ("b", 1), ("late", 2)):
+        stores[w].fence("c", {iv: 3}, claim_only=True)
+    threads["a"].start()
+    for _ in range(200):  # a holds the turn before b queues
+        if a_t.taken:
+            break
+        threading.Event().wait(0.05)
+    threads["b"].start()
+    try:
+        for th in threads.values():
+            th.join(120)
+        assert all(isinstance(out[w], str) for w in ("a", "b", "late")), out
+        batches = [(v, bm.get("commit_id")) for v, bm in _batches(spark, migrated_store, "c") if bm.get("kind") == "commit"]
+        ids = [out[w] for w in ("a", "b", "late")]
+        assert sorted(c for _v, c in batches if c in ids) == sorted(ids)  # each once
+        assert len({v for v, c in batches if c in ids}) == 1  # in one version, a's
+        assert (b_t.served, late_t.served, late_t.taken) == (1, 1, 0)
+        assert sorted(r.key for r in stores["late"].scan_intervals("c", [2])) == sorted(_keys((2,), 3, "late-"))
+    finally:
+        for c in clients:
+            c.stop()
+            c.close()

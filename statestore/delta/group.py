@@ -71,7 +71,18 @@ def commit_in_turn(log: TableLog, turns: TurnsOf, computation: str, request: Com
         try:
             if not others:
                 return Landed(own(), False)
-            version, held = log.commit_requests([request, *(r for _n, r in others)], group_meta=group_meta)
+            seen = {node for node, _r in others}
+
+            def more() -> list[CommitRequest]:
+                # those that queued while the holder's snapshot updated join too: just served, they
+                # were writing their next batch's files when the turn passed
+                late = [(node, r) for node, data in turn.waiting() if node not in seen
+                        and (r := CommitRequest.from_bytes(data)) is not None]
+                others.extend(late)
+                return [r for _n, r in late]
+
+            version, held = log.commit_requests([request, *(r for _n, r in others)], group_meta=group_meta,
+                                                more=more)
         except StaleFilesError:
             # a holder may have committed it with its own and not marked it (ZooKeeper, or a turn given up)
             found = landed(log, request)

@@ -285,20 +285,24 @@ class TableLog:
         note_commit(self.spark, self.path, version)
         return version
 
-    def commit_requests(self, requests: Sequence[CommitRequest], *, group_meta: Callable[[list[str]], str]
-                        ) -> tuple[int, list[int]]:
+    def commit_requests(self, requests: Sequence[CommitRequest], *, group_meta: Callable[[list[str]], str],
+                        more: Callable[[], Sequence[CommitRequest]] | None = None) -> tuple[int, list[int]]:
         """One version holding the first of ``requests`` (the holder's own) and each other one whose
         partitions no commit since its read touched and no request before it holds (a group commit,
         ``group.py``); returns (the version, the indexes of the requests it holds, the first always).
-        ``group_meta``: the version's ``userMetadata`` from the requests' own. Raises
+        ``more``: asked once the snapshot is updated, for the requests queued meanwhile (counted after
+        ``requests``). ``group_meta``: the version's ``userMetadata`` from the requests' own. Raises
         :class:`StaleFilesError` if the first request's partitions were touched; whatever Delta raises."""
+        files = self._files
+        # the commits since the oldest read are read in Python while the JVM updates its snapshot
+        early = None if files is None else _READS.submit(_changes_listed, files, min(r.read_version for r in requests))
         txn = self._log.startTransaction()  # the newest snapshot: the requests read at different versions
         upto = int(txn.snapshot().version())
+        requests = [*requests, *(more() if more is not None else ())]
+        low = min(r.read_version for r in requests)
+        changes = None if early is None or files is None else _changes_within(early.result(), files, low, upto)
         taken: set[tuple[tuple[str, str], ...]] = set()
         held: list[int] = []
-        low = min(r.read_version for r in requests)
-        # the commits since the oldest read, read once for every request
-        changes = None if self._files is None else partition_changes(self._files, low, upto)
         for i, req in enumerate(requests):
             wanted = _partition_keys(req.partitions)
             if wanted & taken or req.read_version > upto:
@@ -370,6 +374,35 @@ def _listed_touching(files: TableFiles, after: int, wanted: set[tuple[tuple[str,
         return None
     newest = max(versions[-1], after)
     return newest, first_touching(files, after, newest, wanted)
+
+
+_Changes = dict[int, "frozenset[tuple[tuple[str, str], ...]] | None"]
+
+
+def _changes_listed(files: TableFiles, after: int) -> tuple[int, int, _Changes] | None:
+    """(``after``, the newest JSON commit listed, :func:`partition_changes` of each commit between)."""
+    versions = json_commit_versions(files)
+    newest = max(versions[-1], after) if versions else after
+    got = partition_changes(files, after, newest)
+    return None if got is None else (after, newest, dict(got))
+
+
+def _changes_within(listed: tuple[int, int, _Changes] | None, files: TableFiles, after: int, upto: int
+                    ) -> list[tuple[int, frozenset[tuple[tuple[str, str], ...]] | None]] | None:
+    """:func:`partition_changes` of (``after``, ``upto``] from :func:`_changes_listed`'s answer, the commits
+    it did not cover read now (None: one is not readable here)."""
+    if listed is None:
+        return None
+    first, newest, known = listed
+    for lo, hi in ((after, min(first, upto)), (max(newest, after), upto)):
+        if hi > lo:
+            got = partition_changes(files, lo, hi)
+            if got is None:
+                return None
+            known.update(got)
+    if any(v not in known for v in range(after + 1, upto + 1)):
+        return None
+    return [(v, known[v]) for v in range(after + 1, upto + 1)]
 
 
 def _within(listed: tuple[int, int | None] | None, files: TableFiles, after: int, upto: int,

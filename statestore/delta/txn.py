@@ -16,7 +16,6 @@ from .jvm import jvm as jvm_of
 from .log import (
     LogSnapshot,
     commit_infos,
-    first_touching,
     json_commit_versions,
     own_snapshot,
     partition_changes,
@@ -244,10 +243,12 @@ class TableLog:
             # the commits since the writer's read are read in Python while the JVM lists the log
             files, since = self._files, untouched_since
             wanted = set() if since is None else _partition_keys(since[1])
-            early = None if since is None or files is None else _READS.submit(_listed_touching, files, since[0], wanted)
+            early = None if since is None or files is None else _READS.submit(_changes_listed, files, since[0])
             txn = self._log.startTransaction()
             if early is not None and files is not None and since is not None:
-                first = _within(early.result(), files, since[0], int(txn.snapshot().version()), wanted)
+                changes = _changes_within(early.result(), files, since[0], int(txn.snapshot().version()))
+                first = None if changes is None else next(
+                    (v for v, touched in changes if touched is None or touched & wanted), -1)
                 if first is not None:  # checked here
                     stale, untouched_since = (first if first >= 0 else None), None
         if check is not None:
@@ -366,16 +367,6 @@ def _partition_keys(partitions: Iterable[Mapping[str, str]]) -> set[tuple[tuple[
     return {tuple(sorted(p.items())) for p in partitions}
 
 
-def _listed_touching(files: TableFiles, after: int, wanted: set[tuple[tuple[str, str], ...]]
-                     ) -> tuple[int, int | None] | None:
-    """(the newest JSON commit listed, :func:`first_touching` of (``after``, it]); None: not listed."""
-    versions = json_commit_versions(files)
-    if not versions:
-        return None
-    newest = max(versions[-1], after)
-    return newest, first_touching(files, after, newest, wanted)
-
-
 _Changes = dict[int, "frozenset[tuple[tuple[str, str], ...]] | None"]
 
 
@@ -403,20 +394,6 @@ def _changes_within(listed: tuple[int, int, _Changes] | None, files: TableFiles,
     if any(v not in known for v in range(after + 1, upto + 1)):
         return None
     return [(v, known[v]) for v in range(after + 1, upto + 1)]
-
-
-def _within(listed: tuple[int, int | None] | None, files: TableFiles, after: int, upto: int,
-            wanted: set[tuple[tuple[str, str], ...]]) -> int | None:
-    """From :func:`_listed_touching`'s answer, the first commit in (``after``, ``upto``] touching ``wanted``:
-    a version, -1 (none), or None (not known here: ask the JVM)."""
-    if listed is None or listed[1] is None:
-        return None
-    newest, found = listed
-    if found is not None and 0 <= found <= upto:
-        return found
-    if (found is not None and found > upto) or newest >= upto:
-        return -1
-    return first_touching(files, newest, upto, wanted)  # committed after the listing
 
 
 def decode_path(rel: str) -> str:

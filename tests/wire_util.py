@@ -66,5 +66,7 @@ class Relay:
             upstream = socket.create_connection(self.target)
             with self._lock:
                 self._open += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream.dup(), True, client), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client.dup(), False), daemon=True).start()
+            # both duplicates before either pump runs: a refusing pump closes ``client`` at once
+            to_upstream, to_client = upstream.dup(), client.dup()
+            threading.Thread(target=self._pump, args=(client, to_upstream, True, client), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, to_client, False), daemon=True).start()

@@ -317,3 +317,42 @@ def test_a_batch_queued_while_the_holder_updates_its_snapshot_joins_its_version(
         for c in clients:
             c.stop()
             c.close()
+
+
+def test_a_holder_behind_another_host_s_commit_refuses_the_batch_it_touched(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Another host commits to the table (here: the same folder reached through a symbolic link, so
+    this JVM's snapshot of it does not advance): a holder whose snapshot is behind still commits
+    after that commit, refusing the waiting batch it touched and taking the others; a holder whose
+    snapshot is its own newest commit refuses its own batch once another host touches its partition."""
+    import json
+    import os
+
+    from deltawheel.statestore.delta.txn import CommitRequest, TableLog, new_add
+    from deltawheel.statestore.exceptions import StaleFilesError
+
+    table = tmp_path / "t"
+    spark.createDataFrame([(0, "a")], "p int, v string").write.partitionBy("p").format("delta").save(str(table))
+    os.symlink(table, tmp_path / "elsewhere")
+    here, there = TableLog(spark, str(table)), TableLog(spark, str(tmp_path / "elsewhere"))
+    read = here.version_now()
+
+    def request(p: int, name: str, at: int) -> CommitRequest:
+        return CommitRequest(removes=(), adds=(new_add(f"p={p}/{name}.parquet", {"p": str(p)}, 10, 1),),
+                             read_partitions=(f"p = {p}",), user_metadata=json.dumps({"commit_id": name}),
+                             read_version=at, partitions=({"p": str(p)},))
+
+    foreign = there.commit(add=[new_add("p=2/foreign.parquet", {"p": "2"}, 10, 1)])
+    assert foreign == read + 1
+    assert int(here._log.unsafeVolatileSnapshot().version()) == read  # this JVM's snapshot is behind
+
+    def meta(metas: list[str]) -> str:
+        return json.dumps({"kind": "group", "batches": [json.loads(m) for m in metas]})
+
+    version, held = here.commit_requests([request(1, "own", read), request(2, "touched", read),
+                                          request(3, "untouched", read)], group_meta=meta)
+    assert (version, held) == (foreign + 1, [0, 2])
+    names = sorted(os.path.basename(f) for f in spark.read.format("delta").load(str(table)).inputFiles())
+    assert [n for n in names if not n.startswith("part-")] == ["foreign.parquet", "own.parquet", "untouched.parquet"]
+    there.commit(add=[new_add("p=1/foreign2.parquet", {"p": "1"}, 10, 1)])
+    with pytest.raises(StaleFilesError):
+        here.commit_requests([request(1, "own2", version), request(3, "other", version)], group_meta=meta)

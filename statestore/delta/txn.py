@@ -295,9 +295,15 @@ class TableLog:
         ``requests``). ``group_meta``: the version's ``userMetadata`` from the requests' own. Raises
         :class:`StaleFilesError` if the first request's partitions were touched; whatever Delta raises."""
         files = self._files
-        # the commits since the oldest read are read in Python while the JVM updates its snapshot
+        # the commits since the oldest read, read in Python; where they show none past the JVM's snapshot
+        # (its own or a group's commit in this JVM) it is used as it is, else brought up to date
         early = None if files is None else _READS.submit(_changes_listed, files, min(r.read_version for r in requests))
-        txn = self._log.startTransaction()  # the newest snapshot: the requests read at different versions
+        snap = self._log.unsafeVolatileSnapshot()
+        listed = None if early is None else early.result()
+        if listed is not None and int(snap.version()) >= max(listed[1], *(r.read_version for r in requests)):
+            txn = self._log.startTransaction(self._d.none, self._d.some(snap))
+        else:
+            txn = self._log.startTransaction()  # the newest snapshot: the requests read at different versions
         upto = int(txn.snapshot().version())
         requests = [*requests, *(more() if more is not None else ())]
         low = min(r.read_version for r in requests)

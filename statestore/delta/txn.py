@@ -297,9 +297,8 @@ class TableLog:
         files = self._files
         # the commits since the oldest read, read in Python; where they show none past the JVM's snapshot
         # (its own or a group's commit in this JVM) it is used as it is, else brought up to date
-        early = None if files is None else _READS.submit(_changes_listed, files, min(r.read_version for r in requests))
+        listed = None if files is None else _changes_listed(files, min(r.read_version for r in requests))
         snap = self._log.unsafeVolatileSnapshot()
-        listed = None if early is None else early.result()
         if listed is not None and int(snap.version()) >= max(listed[1], *(r.read_version for r in requests)):
             txn = self._log.startTransaction(self._d.none, self._d.some(snap))
         else:
@@ -307,7 +306,7 @@ class TableLog:
         upto = int(txn.snapshot().version())
         requests = [*requests, *(more() if more is not None else ())]
         low = min(r.read_version for r in requests)
-        changes = None if early is None or files is None else _changes_within(early.result(), files, low, upto)
+        changes = None if files is None else _changes_within(listed, files, low, upto)
         taken: set[tuple[tuple[str, str], ...]] = set()
         held: list[int] = []
         for i, req in enumerate(requests):

@@ -338,6 +338,8 @@ def _run_engines(st: LatencySettings, *, session: Any, out: Path, say: Say) -> t
         lat = res["latency_s"]
         say(f"[{name}] {'ok' if res['ok'] else 'FAILED'}: p50 {lat['p50']} s, p99 {lat['p99']} s, max {lat['max']} s "
             f"over {lat['n']:,} steady-state records")
+        if threads := res["peak_memory"].get("driver_jvm_threads_cpu_s"):
+            say(f"[{name}] driver JVM CPU seconds by thread: " + ", ".join(f"{g} {c:g}" for g, c in threads.items()))
     return engines, prewarm
 
 

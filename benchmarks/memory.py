@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import psutil
 
+from .threads import ThreadCpu
+
 __all__ = ["MemoryPeak", "MemorySampler", "ProcessMemory", "measured_run_ended", "on_measured_run_end",
            "process_role", "tree_processes"]
 
@@ -89,6 +91,7 @@ class MemoryPeak:
     preexisting: tuple[int, ...] = ()  # pids of the tree when the sampler was made
     cpu_first: tuple[tuple[int, float], ...] = ()  # (pid, its CPU time when sampling began: 0 if it started since)
     cpu_by_role: tuple[tuple[str, float], ...] = ()  # (role, CPU seconds its processes used while sampled)
+    driver_jvm_threads_cpu: tuple[tuple[str, float], ...] = ()  # (thread group, CPU seconds while sampled)
 
     def is_new(self, p: ProcessMemory) -> bool:
         """``p`` started while sampling."""
@@ -127,7 +130,8 @@ class MemoryPeak:
                                    sorted(self.role_peaks_bytes, key=lambda rb: -rb[1])}
         d["cpu_s"] = round(sum(c for _, c in self.cpu_by_role), 2)
         d["cpu_s_by_role"] = {r: round(c, 2) for r, c in sorted(self.cpu_by_role, key=lambda rc: -rc[1])}
-        del d["preexisting"], d["cpu_first"], d["role_peaks_bytes"], d["cpu_by_role"]
+        d["driver_jvm_threads_cpu_s"] = dict(self.driver_jvm_threads_cpu)  # threads.py's groups
+        del d["preexisting"], d["cpu_first"], d["role_peaks_bytes"], d["cpu_by_role"], d["driver_jvm_threads_cpu"]
         return d
 
 
@@ -213,6 +217,7 @@ class MemorySampler:
         self._role_peaks: dict[str, int] = {}
         self._cpu_first: dict[int, float] = {}
         self._cpu_last: dict[int, tuple[str, float]] = {}  # pid -> (role, CPU time at its last sample)
+        self._jvm_threads = ThreadCpu()  # the driver JVM's CPU per thread group
         self._t0 = time.monotonic()
         try:
             self._preexisting = tuple(sorted([self._root.pid, *(c.pid for c in self._root.children(recursive=True))]))
@@ -239,6 +244,9 @@ class MemorySampler:
             for p in procs:  # a process started since sampling began counts its CPU from zero
                 self._cpu_first.setdefault(p.pid, p.cpu_s if p.pid in self._preexisting else 0.0)
                 self._cpu_last[p.pid] = (p.role, p.cpu_s)
+            for p in procs:
+                if p.role == "driver_jvm":
+                    self._jvm_threads.sample(p.pid)
             for role, b in per_role.items():
                 self._role_peaks[role] = max(self._role_peaks.get(role, 0), b)
             self._rss = max(self._rss, sum(p.rss_bytes for p in procs))
@@ -289,7 +297,8 @@ class MemorySampler:
                               at_peak_s=self._at_peak_s, loadavg_1m_at_peak=self._load_at_peak,
                               loadavg_1m_at_start=self._load_at_start, preexisting=self._preexisting,
                               cpu_first=tuple(self._cpu_first.items()),
-                              cpu_by_role=tuple(self._cpu_roles().items()))
+                              cpu_by_role=tuple(self._cpu_roles().items()),
+                              driver_jvm_threads_cpu=tuple(self._jvm_threads.by_group().items()))
 
     def _cpu_roles(self) -> dict[str, float]:
         out: dict[str, float] = {}

@@ -197,6 +197,10 @@ def test_a_short_run_of_deltawheel_and_the_floor_is_exactly_once(spark, zk_serve
         assert e["input"]["records"] == st.schedule().total
     assert {c["name"] for c in report["engines"]["deltawheel"]["checks"]} == {"exactly_once", "keys", "running_counts"}
     assert any(ln.startswith("[deltawheel]") and "records in" in ln for ln in lines)
+    # the driver JVM's CPU per thread group: the queries' own threads, started within the measured run
+    threads = report["engines"]["deltawheel"]["peak_memory"]["driver_jvm_threads_cpu_s"]
+    assert threads.get("stream_execution", 0) > 0, threads
+    assert any(ln.startswith("[deltawheel] driver JVM CPU seconds by thread: ") for ln in lines), lines
     # the same checks flag the real output once a record is delivered twice or lost
     s = st.schedule()
     out = report["engines"]["deltawheel"]["stages"][0]

@@ -191,3 +191,51 @@ def test_the_end_hooks_are_called_once_by_the_next_end() -> None:
     measured_run_ended()
     measured_run_ended()
     assert calls == ["ended"]
+
+
+_NAMED = """
+import threading, time
+def spin(s):
+    end = time.thread_time() + s
+    while time.thread_time() < end:
+        pass
+def named(name, busy_s):
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+        f.write(name)  # as the JVM names its threads
+    spin(0.4)  # before the first sample: not counted
+    done.release()
+    ready.wait()
+    spin(busy_s)
+    time.sleep(60)
+ready, done = threading.Event(), threading.Semaphore(0)
+for name, busy in (("C2 CompilerThread0", 0.6), ("stream execution thread", 0.0), ("Thread-7", 0.2)):
+    threading.Thread(target=named, args=(name, busy), daemon=True).start()
+for _ in range(3):
+    done.acquire()
+print("named", flush=True)
+input()
+ready.set()
+time.sleep(60)
+"""
+
+
+def test_a_processes_cpu_splits_by_what_its_threads_are_named() -> None:
+    from deltawheel.benchmarks.threads import ThreadCpu
+
+    proc = subprocess.Popen([sys.executable, "-c", _NAMED], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None and proc.stdout.readline().strip() == "named"
+        cpu = ThreadCpu()
+        cpu.sample(proc.pid)  # each thread's 0.4 s so far is not counted
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        time.sleep(1.5)
+        cpu.sample(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    got = cpu.by_group()
+    assert 0.5 <= got["jit_c2"] <= 0.9, got  # the busy thread's 0.6 s since, by the comm name /proc shows
+    assert 0.1 <= got["py4j_calls"] <= 0.5, got
+    assert got.get("stream_execution", 0.0) < 0.05, got  # named, but idle
+    assert list(got)[0] == "jit_c2"  # largest first

@@ -10,7 +10,8 @@ import importlib
 import pytest
 
 MODULES = ["deltawheel.gc.passes", "deltawheel.gc.background", "deltawheel.gc.inputsets", "deltawheel.gc.unchanged",
-           "deltawheel.benchmarks.memory", "deltawheel.benchmarks.throughput", "deltawheel.benchmarks.commits"]
+           "deltawheel.benchmarks.memory", "deltawheel.benchmarks.throughput", "deltawheel.benchmarks.commits",
+           "deltawheel.benchmarks.threads"]
 
 
 @pytest.mark.parametrize("name", MODULES)

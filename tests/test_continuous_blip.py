@@ -75,8 +75,8 @@ def _blip_while_running(spark: Any, tmp_path: Path, server: Any, migrated_at: An
         # arrives while ZooKeeper is down, with a record that closes every minute
         write_file(folder, "part-1.parquet", rows[80:] + [closing_row(rows)])
         time.sleep(down_s)
+        up = time.time()  # the server serves again during restart_zk_server: a client may reconnect before it returns
         restart_zk_server(server)
-        up = time.time()
         _wait_for("the reconnect", lambda: engine.client.state == KazooState.CONNECTED, timeout_s=30, poll_s=0.05)
         assert engine.client.client_id[0] == session  # the same session: the blip did not end it
         _wait_for("both streams hold every row", lambda: len(outputs(spark, layout)[1]) >= len(want_totals),
